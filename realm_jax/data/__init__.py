@@ -1,0 +1,1 @@
+"""Corpus sources, tokenization and (later) masking."""

@@ -1,0 +1,1 @@
+"""Flax modules: BERT and (later) the REALM retriever and reader."""

