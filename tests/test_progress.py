@@ -1,0 +1,29 @@
+"""Progress lines report done/total, the rate and a correct ETA."""
+
+import io
+
+from realm_jax.progress import Progress
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_rate_and_eta():
+  clock, stream = _Clock(), io.StringIO()
+  progress = Progress('embedded', 1000, unit='docs', every_s=5, stream=stream,
+                      clock=clock)
+  clock.now = 2.0
+  progress.update(100)  # Within every_s: nothing printed yet.
+  assert stream.getvalue() == ''
+  clock.now = 10.0
+  progress.update(100)
+  assert stream.getvalue() == 'embedded 200/1,000 (20%) 20.0 docs/s ETA 0m40s\n'
+  clock.now = 50.0
+  progress.update(800)  # The last update always prints.
+  assert stream.getvalue().splitlines()[-1] == (
+      'embedded 1,000/1,000 (100%) 20.0 docs/s in 0m50s')
