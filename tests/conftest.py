@@ -1,7 +1,14 @@
-"""Shared fixtures: the embedded MiniLM weights and vocab, a tiny BERT."""
+"""Shared fixtures: the embedded MiniLM weights and vocab, a tiny BERT.
+
+Eight CPU devices are faked before JAX starts, so sharding tests can build
+multi-device meshes; unsharded code still runs on device 0.
+"""
 
 import os
 
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest
 
 from realm_jax import embedded
@@ -15,7 +22,7 @@ def minilm_dir() -> str:
 
 @pytest.fixture(scope='session')
 def tokenizer(minilm_dir):
-  from realm_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from realm_jax.data.tokenization import WordPieceTokenizer
   return WordPieceTokenizer(os.path.join(minilm_dir, 'vocab.txt'))
 
 

@@ -129,6 +129,10 @@ class Embeddings(nn.Module):
     x = self.dropout(self.layer_norm(x), deterministic=deterministic)
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
+  def attend(self, hidden):
+    """Vocabulary logits with the word embeddings as the (tied) decoder."""
+    return self.word_embeddings.attend(hidden)
+
 
 class SelfAttention(nn.Module):
   """Multi-head scaled dot-product self-attention over unpadded keys."""
@@ -213,6 +217,10 @@ class Bert(nn.Module):
     if self.config.add_pooler:
       pooled = jnp.tanh(self.pooler(x[:, 0]))
     return BertOutput(x, pooled)
+
+  def attend(self, hidden):
+    """Tied-embedding vocabulary logits, for the masked-LM head."""
+    return self.embeddings.attend(hidden)
 
 
 def mean_pool(sequence_output, input_mask):

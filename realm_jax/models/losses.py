@@ -1,0 +1,185 @@
+"""REALM's objectives as pure functions, each checked against its equation.
+
+Notation (Guu et al. 2020): x the query, z a candidate document, y the target,
+f(x, z) the relevance score, p(z|x) = softmax_z f(x, z) over the k candidates.
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Marginalization = Literal['per_token', 'whole_span']
+
+
+def masked_logsumexp(x, mask, axis):
+  """log sum exp over the masked entries; -inf, with zero gradient, if none.
+
+  Padding the empty sets with zeros before the reduction keeps the gradient of
+  a discarded -inf free of NaN.
+  """
+  mask = jnp.broadcast_to(mask, x.shape)
+  any_valid = jnp.any(mask, axis=axis, keepdims=True)
+  safe = jnp.where(mask, x, jnp.where(any_valid, -jnp.inf, 0.0))
+  out = jax.nn.logsumexp(safe, axis=axis, keepdims=True)
+  return jnp.squeeze(jnp.where(any_valid, out, -jnp.inf), axis=axis)
+
+
+def candidate_log_probs(scores, candidate_mask):
+  """log p(z|x) = log softmax_z f(x, z) (eq. 1); masked candidates get -inf.
+
+  Masked candidates receive exactly zero probability and zero gradient.
+  """
+  masked = jnp.where(candidate_mask, scores.astype(jnp.float32), -jnp.inf)
+  return jax.nn.log_softmax(masked, axis=-1)
+
+
+def marginal_log_likelihood(log_p_z, log_p_y_given_z, target_mask,
+                            marginalize: Marginalization = 'per_token'):
+  """log p(y|x) of each example, marginalized over the k candidates.
+
+  per_token (the released code): sum_j log sum_z p(z|x) p(y_j|z,x).
+  whole_span (the paper's eq. 2): log sum_z p(z|x) prod_j p(y_j|z,x).
+
+  Args:
+    log_p_z: [batch, k] log p(z|x), -inf on masked candidates.
+    log_p_y_given_z: [batch, k, M] log p(y_j|z,x) of each masked token j.
+    target_mask: [batch, M] 1 on real masked tokens, 0 on padding.
+    marginalize: 'per_token' or 'whole_span'.
+
+  Returns:
+    [batch] log p(y|x).
+  """
+  target_mask = target_mask.astype(bool)
+  token_terms = jnp.where(target_mask[:, None, :], log_p_y_given_z, 0.0)
+  if marginalize == 'whole_span':
+    return jax.nn.logsumexp(log_p_z + jnp.sum(token_terms, axis=-1), axis=-1)
+  if marginalize == 'per_token':
+    per_token = jax.nn.logsumexp(log_p_z[:, :, None] + token_terms, axis=1)
+    return jnp.sum(jnp.where(target_mask, per_token, 0.0), axis=-1)
+  raise ValueError(f"marginalize={marginalize!r}; expected 'per_token' or "
+                   "'whole_span'.")
+
+
+def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
+                   marginalize: Marginalization = 'per_token'):
+  """REALM's masked-LM loss, -log p(y|x) per masked token, and its metrics.
+
+  The null document must be candidate 0; `retrieval_utility` compares the
+  marginal against reading it alone.
+
+  Args:
+    scores: [batch, k] f(x, z), recomputed with the current parameters.
+    candidate_mask: [batch, k] bool; True on index 0 (the null document).
+    mlm_logits: [batch, k, M, vocab] reader logits at the masked positions.
+    mlm_targets: [batch, M] the original token ids.
+    mlm_mask: [batch, M] 1 on real masked tokens.
+    marginalize: see `marginal_log_likelihood`.
+
+  Returns:
+    (loss, metrics). Per masked token: loss, marginal_log_likelihood,
+    masked_token_accuracy (argmax of the marginal p(y_j|x)) and
+    retrieval_utility = log p(y|x) - log p(y|null, x). Per example:
+    retrieval_entropy and retrieval_max_prob of p(z|x), and
+    null_document_prob.
+  """
+  mlm_mask = mlm_mask.astype(bool)
+  num_tokens = jnp.maximum(jnp.sum(mlm_mask), 1)
+  log_p_z = candidate_log_probs(scores, candidate_mask)
+  log_p_vocab = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
+  log_p_y_given_z = jnp.take_along_axis(
+      log_p_vocab, mlm_targets[:, None, :, None], axis=-1)[..., 0]
+  log_likelihood = marginal_log_likelihood(log_p_z, log_p_y_given_z, mlm_mask,
+                                           marginalize)
+  null_log_likelihood = jnp.sum(
+      jnp.where(mlm_mask, log_p_y_given_z[:, 0], 0.0), axis=-1)
+  loss = -jnp.sum(log_likelihood) / num_tokens
+
+  marginal_vocab = masked_logsumexp(
+      log_p_z[:, :, None, None] + log_p_vocab,
+      candidate_mask[:, :, None, None], axis=1)
+  correct = (jnp.argmax(marginal_vocab, axis=-1) == mlm_targets) & mlm_mask
+  p_z = jnp.exp(log_p_z)
+  entropy = -jnp.sum(p_z * jnp.where(candidate_mask, log_p_z, 0.0), axis=-1)
+  metrics = {
+      'loss': loss,
+      'marginal_log_likelihood': -loss,
+      'masked_token_accuracy': jnp.sum(correct) / num_tokens,
+      'retrieval_utility': jnp.sum(log_likelihood - null_log_likelihood)
+                           / num_tokens,
+      'retrieval_entropy': jnp.mean(entropy),
+      'retrieval_max_prob': jnp.mean(jnp.max(p_z, axis=-1)),
+      'null_document_prob': jnp.mean(p_z[:, 0]),
+  }
+  return loss, metrics
+
+
+def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask):
+  """Open-QA fine-tuning loss (ORQA, as REALM fine-tunes).
+
+  reader: -log [sum_{z, s gold} exp(S(z, s) + f(x, z)) /
+                sum_{z, s} exp(S(z, s) + f(x, z))]
+  retriever: -log sum_{z containing an answer} p(z|x)
+  Each term is 0 for an example whose candidates hold no answer.
+
+  Args:
+    scores: [batch, k] f(x, z).
+    candidate_mask: [batch, k] bool.
+    span_logits: [batch, k, L, W] reader score S(z, s) of span (i, i + w).
+    span_mask: [batch, k, L, W] bool, spans that lie inside z.
+    gold_span_mask: [batch, k, L, W] bool, spans equal to an answer.
+
+  Returns:
+    (loss, metrics) with reader_loss, retriever_loss and answer_recall (the
+    fraction of examples with an answer among their candidates).
+  """
+  valid = span_mask.astype(bool) & candidate_mask[:, :, None, None]
+  gold = valid & gold_span_mask.astype(bool)
+  joint = span_logits.astype(jnp.float32) + scores[:, :, None, None]
+  axes = (1, 2, 3)
+  has_answer = jnp.any(gold, axis=axes)
+  log_normalizer = masked_logsumexp(joint, valid, axis=axes)
+  reader_ll = masked_logsumexp(joint, gold, axis=axes) - log_normalizer
+  reader_loss = -jnp.where(has_answer, reader_ll, 0.0)
+
+  log_p_z = candidate_log_probs(scores, candidate_mask)
+  retriever_loss = -jnp.where(
+      has_answer, masked_logsumexp(log_p_z, jnp.any(gold, axis=(2, 3)), axis=1),
+      0.0)
+  loss = jnp.mean(reader_loss + retriever_loss)
+  return loss, {
+      'loss': loss,
+      'reader_loss': jnp.mean(reader_loss),
+      'retriever_loss': jnp.mean(retriever_loss),
+      'answer_recall': jnp.mean(has_answer.astype(jnp.float32)),
+  }
+
+
+def ict_loss(query_embeddings, block_embeddings, axis_name=None):
+  """Inverse Cloze Task: -log softmax over in-batch blocks (ORQA, eq. 4).
+
+  Query i's positive is block i; every other block of the global batch is a
+  negative. Inside shard_map/pmap pass the data axis as `axis_name`: the blocks
+  of all shards are gathered so each query sees the global batch, and the loss
+  is averaged over it. Under jit with sharded arrays, call without: the global
+  matmul already gathers.
+
+  Returns:
+    (loss, metrics) with accuracy of the positive being the top block.
+  """
+  local = query_embeddings.shape[0]
+  offset = 0
+  if axis_name is not None:
+    block_embeddings = jax.lax.all_gather(block_embeddings, axis_name,
+                                          tiled=True)
+    offset = jax.lax.axis_index(axis_name) * local
+  logits = jnp.einsum('qd,bd->qb', query_embeddings, block_embeddings,
+                      preferred_element_type=jnp.float32)
+  labels = offset + jnp.arange(local)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  loss = -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=1))
+  accuracy = jnp.mean((jnp.argmax(logits, axis=-1) == labels).astype(
+      jnp.float32))
+  if axis_name is not None:
+    loss, accuracy = jax.lax.pmean((loss, accuracy), axis_name)
+  return loss, {'loss': loss, 'accuracy': accuracy}

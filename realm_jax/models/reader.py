@@ -1,0 +1,146 @@
+"""The knowledge-augmented encoder p(y|z,x) of REALM (Guu et al. 2020, §3.2).
+
+A BERT of its own reads `[CLS] x [SEP] z_body [SEP]` for every candidate z.
+Pre-training puts BERT's masked-LM head on the masked query positions;
+fine-tuning puts ORQA's span reader on the positions of z.
+"""
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from realm_jax.models.bert import Bert, BertConfig
+
+
+def _dense(config: BertConfig, features: int, names: tuple[str, str], name):
+  return nn.Dense(
+      features, dtype=config.dtype, param_dtype=config.param_dtype,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.truncated_normal(config.initializer_range), names),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                             names[1:]),
+      name=name)
+
+
+def _layer_norm(config: BertConfig, axis_name: str, name: str):
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps, dtype=config.dtype,
+      param_dtype=config.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones,
+                                              (axis_name,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                             (axis_name,)),
+      name=name)
+
+
+def gather_positions(hidden, positions):
+  """[n, L, H] states at [n, M] positions -> [n, M, H]."""
+  return jnp.take_along_axis(hidden, positions[..., None], axis=1)
+
+
+class MaskedLMHead(nn.Module):
+  """BERT's MLM head: dense + gelu + LayerNorm, decoder tied to the embeddings."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, hidden, bert: Bert):
+    c = self.config
+    h = _dense(c, c.hidden_size, ('embed', 'mlp'), 'transform')(hidden)
+    h = _layer_norm(c, 'mlp', 'transform_layer_norm')(
+        nn.gelu(h, approximate=False))
+    bias = self.param('output_bias', nn.with_logical_partitioning(
+        nn.initializers.zeros, ('vocab',)), (c.vocab_size,), c.param_dtype)
+    logits = bert.attend(h).astype(jnp.float32) + bias
+    return nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
+
+
+class SpanReaderHead(nn.Module):
+  """ORQA's span scorer: Dense_1(LayerNorm(ReLU(start_i + end_j))).
+
+  Scores every span of at most `max_span_width` tokens as a [.., L, W] grid:
+  entry (i, w) is the span from position i to position i + w.
+  """
+  config: BertConfig
+  projection_size: int = 256
+  max_span_width: int = 10
+
+  @nn.compact
+  def __call__(self, hidden):
+    c = self.config
+    start = _dense(c, self.projection_size, ('embed', 'mlp'), 'start')(hidden)
+    end = _dense(c, self.projection_size, ('embed', 'mlp'), 'end')(hidden)
+    length = hidden.shape[-2]
+    # ends[:, i, w] = end state of position i + w (clamped; masked later).
+    end_index = jnp.minimum(
+        jnp.arange(length)[:, None] + jnp.arange(self.max_span_width)[None],
+        length - 1)
+    spans = start[:, :, None, :] + end[:, end_index, :]
+    spans = _layer_norm(c, 'mlp', 'layer_norm')(nn.relu(spans))
+    return _dense(c, 1, ('mlp', 'score'), 'score')(spans)[..., 0].astype(
+        jnp.float32)
+
+
+def span_mask(block_mask, max_span_width: int):
+  """[n, L] mask of z's body tokens -> [n, L, W] mask of spans inside it."""
+  length = block_mask.shape[-1]
+  end = jnp.arange(length)[:, None] + jnp.arange(max_span_width)[None]
+  inside = jnp.take(block_mask.astype(bool), jnp.minimum(end, length - 1),
+                    axis=-1) & (end < length)
+  # A span is valid when every token of it is in z; z's tokens are contiguous,
+  # so start and end inside suffice.
+  return block_mask.astype(bool)[..., None] & inside
+
+
+class KnowledgeAugmentedEncoder(nn.Module):
+  """p(y|z,x): BERT over the joined query and candidate, plus task heads."""
+  config: BertConfig
+  span_projection_size: int = 256
+  max_span_width: int = 10
+
+  def setup(self):
+    self.bert = Bert(self.config)
+    self.mlm_head = MaskedLMHead(self.config)
+    self.span_head = SpanReaderHead(self.config, self.span_projection_size,
+                                    self.max_span_width)
+
+  def _encode(self, inputs, deterministic):
+    flat = lambda x: x.reshape(-1, x.shape[-1])
+    return self.bert(flat(inputs['token_ids']), flat(inputs['input_mask']),
+                     flat(inputs['token_type_ids']),
+                     deterministic).sequence_output
+
+  def _mlm(self, hidden, mlm_positions, batch, k):
+    positions = jnp.repeat(mlm_positions, k, axis=0)
+    logits = self.mlm_head(gather_positions(hidden, positions), self.bert)
+    return logits.reshape(batch, k, *logits.shape[1:])
+
+  def _spans(self, hidden, batch, k):
+    scores = self.span_head(hidden)
+    return scores.reshape(batch, k, *scores.shape[1:])
+
+  def masked_lm_logits(self, inputs, mlm_positions, deterministic=True):
+    """Vocabulary logits at the masked positions of every candidate input.
+
+    Args:
+      inputs: token_ids/input_mask/token_type_ids, each [batch, k, L].
+      mlm_positions: [batch, M] positions of the masked tokens in x (the same
+        in every candidate input, since x comes first).
+
+    Returns:
+      [batch, k, M, vocab] float32 logits.
+    """
+    batch, k = inputs['token_ids'].shape[:2]
+    return self._mlm(self._encode(inputs, deterministic), mlm_positions, batch,
+                     k)
+
+  def span_logits(self, inputs, deterministic=True):
+    """[batch, k, L, W] scores of every span (i, i + w) of every input."""
+    batch, k = inputs['token_ids'].shape[:2]
+    return self._spans(self._encode(inputs, deterministic), batch, k)
+
+  def __call__(self, inputs, mlm_positions, deterministic=True):
+    """Both heads over one encoding (initializes every parameter)."""
+    batch, k = inputs['token_ids'].shape[:2]
+    hidden = self._encode(inputs, deterministic)
+    return (self._mlm(hidden, mlm_positions, batch, k),
+            self._spans(hidden, batch, k))
+

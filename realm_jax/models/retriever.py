@@ -1,0 +1,95 @@
+"""The neural knowledge retriever p(z|x) of REALM (Guu et al. 2020, eq. 1).
+
+Embed(tokens) = LayerNorm(Dense_128(BERT_CLS(tokens))); the relevance of a
+document z to a query x is the inner product f(x, z) = Embed_input(x) .
+Embed_doc(z). The query tower reads `[CLS] x [SEP]`, the document tower
+`[CLS] title [SEP] body [SEP]`.
+"""
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from realm_jax.models.bert import Bert, BertConfig
+
+
+class Embedder(nn.Module):
+  """One tower: BERT's [CLS] state, projected to `projection_size` and normed."""
+  config: BertConfig
+  projection_size: int = 128
+
+  def setup(self):
+    c = self.config
+    self.bert = Bert(c)
+    self.projection = nn.Dense(
+        self.projection_size, dtype=c.dtype, param_dtype=c.param_dtype,
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.truncated_normal(c.initializer_range),
+            ('embed', 'projection')),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                               ('projection',)))
+    self.layer_norm = nn.LayerNorm(
+        epsilon=c.layer_norm_eps, dtype=c.dtype, param_dtype=c.param_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones,
+                                                ('projection',)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                               ('projection',)))
+
+  def __call__(self, token_ids, input_mask, token_type_ids,
+               deterministic: bool = True):
+    """[..., length] tokens -> [..., projection_size] float32 embeddings."""
+    lead = token_ids.shape[:-1]
+    flat = lambda x: x.reshape(-1, x.shape[-1])
+    out = self.bert(flat(token_ids), flat(input_mask), flat(token_type_ids),
+                    deterministic)
+    embedding = self.layer_norm(self.projection(out.sequence_output[:, 0]))
+    return embedding.astype(jnp.float32).reshape(*lead, -1)
+
+
+class Retriever(nn.Module):
+  """Query and document towers; `share_towers` uses one Embedder for both.
+
+  The released REALM/ORQA code shares one BERT and projection between the
+  towers; the paper counts separate ones (330M parameters with the reader).
+  """
+  config: BertConfig
+  projection_size: int = 128
+  share_towers: bool = True
+
+  def setup(self):
+    if self.share_towers:
+      self.embedder = Embedder(self.config, self.projection_size)
+    else:
+      self.query_embedder = Embedder(self.config, self.projection_size)
+      self.document_embedder = Embedder(self.config, self.projection_size)
+
+  def embed_query(self, token_ids, input_mask, token_type_ids,
+                  deterministic: bool = True):
+    tower = self.embedder if self.share_towers else self.query_embedder
+    return tower(token_ids, input_mask, token_type_ids, deterministic)
+
+  def embed_documents(self, token_ids, input_mask, token_type_ids,
+                      deterministic: bool = True):
+    tower = self.embedder if self.share_towers else self.document_embedder
+    return tower(token_ids, input_mask, token_type_ids, deterministic)
+
+  def __call__(self, query, documents, deterministic: bool = True):
+    """Relevance f(x, z) of each query's candidates.
+
+    Args:
+      query: dict of token_ids/input_mask/token_type_ids, each [batch, Lq].
+      documents: the same keys, each [batch, k, Ld] (candidate blocks).
+
+    Returns:
+      [batch, k] float32 inner products.
+    """
+    keys = ('token_ids', 'input_mask', 'token_type_ids')
+    query_embedding = self.embed_query(*(query[k] for k in keys),
+                                       deterministic=deterministic)
+    document_embedding = self.embed_documents(*(documents[k] for k in keys),
+                                              deterministic=deterministic)
+    return relevance(query_embedding, document_embedding)
+
+
+def relevance(query_embedding, document_embedding):
+  """f(x, z): [batch, D] . [batch, k, D] -> [batch, k]."""
+  return jnp.einsum('bd,bkd->bk', query_embedding, document_embedding)

@@ -1,0 +1,244 @@
+"""REALM's objectives against their equations."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from realm_jax.models import losses
+
+
+def _random_inputs(rng, batch=4, k=6, tokens=3, vocab=11):
+  scores = rng.standard_normal((batch, k))
+  candidate_mask = rng.random((batch, k)) < 0.7
+  candidate_mask[:, 0] = True  # The null document.
+  mlm_logits = rng.standard_normal((batch, k, tokens, vocab))
+  targets = rng.integers(0, vocab, (batch, tokens))
+  target_mask = np.ones((batch, tokens), bool)
+  target_mask[0, 1:] = False
+  return scores, candidate_mask, mlm_logits, targets, target_mask
+
+
+def _log_softmax(x, axis=-1):
+  x = x - x.max(axis=axis, keepdims=True)
+  return x - np.log(np.exp(x).sum(axis=axis, keepdims=True))
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_retriever_gradient_is_retrieval_utility_weighted(seed):
+  """d log p(y|x) / d f(x,z) = r(z) = [p(y|z,x) / p(y|x) - 1] p(z|x)."""
+  rng = np.random.default_rng(seed)
+  with jax.enable_x64(True):
+    scores, mask, _, _, _ = _random_inputs(rng)
+    log_p_y_given_z = -3 * rng.random((4, 6, 1))  # One target: y.
+    target_mask = np.ones((4, 1), bool)
+
+    def log_p_y(f):
+      log_p_z = losses.candidate_log_probs(f, mask)
+      return jnp.sum(losses.marginal_log_likelihood(
+          log_p_z, log_p_y_given_z, target_mask, 'whole_span'))
+
+    gradient = np.asarray(jax.grad(log_p_y)(jnp.asarray(scores)))
+  p_z = np.where(mask, np.exp(_log_softmax(np.where(mask, scores, -np.inf))), 0)
+  p_y_given_z = np.exp(log_p_y_given_z[..., 0])
+  p_y = np.sum(p_z * p_y_given_z, axis=1, keepdims=True)
+  expected = (p_y_given_z / p_y - 1) * p_z
+  np.testing.assert_allclose(gradient, expected, atol=1e-6)
+  assert np.all(gradient[~mask] == 0)
+
+
+def test_per_token_gradient_sums_the_per_token_utilities():
+  rng = np.random.default_rng(3)
+  with jax.enable_x64(True):
+    scores, mask, _, _, _ = _random_inputs(rng)
+    log_p_y_given_z = -3 * rng.random((4, 6, 3))
+    target_mask = np.ones((4, 3), bool)
+    gradient = np.asarray(jax.grad(lambda f: jnp.sum(
+        losses.marginal_log_likelihood(
+            losses.candidate_log_probs(f, mask), log_p_y_given_z, target_mask,
+            'per_token')))(jnp.asarray(scores)))
+  p_z = np.where(mask, np.exp(_log_softmax(np.where(mask, scores, -np.inf))), 0)
+  p_y_given_z = np.exp(log_p_y_given_z)  # [b, k, j]
+  p_y = np.sum(p_z[..., None] * p_y_given_z, axis=1, keepdims=True)
+  expected = np.sum((p_y_given_z / p_y - 1) * p_z[..., None], axis=-1)
+  np.testing.assert_allclose(gradient, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize('marginalize', ['per_token', 'whole_span'])
+def test_masked_candidates_get_zero_probability_and_gradient(marginalize):
+  scores, mask, logits, targets, target_mask = _random_inputs(
+      np.random.default_rng(4))
+  scores, logits = np.float32(scores), np.float32(logits)
+
+  def loss(scores, logits):
+    return losses.realm_mlm_loss(scores, mask, logits, targets, target_mask,
+                                 marginalize)[0]
+
+  p_z = np.exp(losses.candidate_log_probs(scores, mask))
+  assert np.all(p_z[~mask] == 0) and np.allclose(p_z.sum(-1), 1)
+  score_grad, logit_grad = jax.grad(loss, argnums=(0, 1))(scores, logits)
+  assert np.all(np.isfinite(score_grad)) and np.all(np.isfinite(logit_grad))
+  assert np.all(np.asarray(score_grad)[~mask] == 0)
+  assert np.all(np.asarray(logit_grad)[~mask] == 0)
+  assert np.any(np.asarray(logit_grad)[mask] != 0)
+
+
+def test_only_the_null_document_left():
+  """Retrieval returned nothing: p(null|x) = 1 and the loss is the reader's."""
+  scores, _, logits, targets, target_mask = _random_inputs(
+      np.random.default_rng(5))
+  mask = np.zeros_like(target_mask, shape=scores.shape)
+  mask[:, 0] = True
+  loss, metrics = losses.realm_mlm_loss(scores, mask, logits, targets,
+                                        target_mask)
+  log_p = _log_softmax(logits[:, 0])
+  reader_only = -np.sum(np.take_along_axis(log_p, targets[..., None], -1)[
+      ..., 0] * target_mask) / target_mask.sum()
+  np.testing.assert_allclose(loss, reader_only, rtol=1e-5)
+  np.testing.assert_allclose(metrics['null_document_prob'], 1.0)
+  np.testing.assert_allclose(metrics['retrieval_utility'], 0.0, atol=1e-6)
+  np.testing.assert_allclose(metrics['retrieval_entropy'], 0.0, atol=1e-6)
+
+
+def test_marginalizations_agree_on_one_token_and_differ_on_more():
+  scores, mask, logits, targets, _ = _random_inputs(np.random.default_rng(6))
+  one = np.zeros(targets.shape, bool)
+  one[:, 1] = True
+  loss = lambda m, how: losses.realm_mlm_loss(scores, mask, logits, targets, m,
+                                              how)[0]
+  np.testing.assert_allclose(loss(one, 'per_token'), loss(one, 'whole_span'),
+                             rtol=1e-6)
+  every = np.ones(targets.shape, bool)
+  assert abs(loss(every, 'per_token') - loss(every, 'whole_span')) > 1e-3
+  # Jensen: the per-token marginal never has the lower likelihood.
+  assert loss(every, 'per_token') <= loss(every, 'whole_span')
+
+
+def test_mlm_metrics_match_their_definitions():
+  scores, mask, logits, targets, target_mask = _random_inputs(
+      np.random.default_rng(7))
+  _, metrics = losses.realm_mlm_loss(scores, mask, logits, targets,
+                                     target_mask, 'whole_span')
+  p_z = np.where(mask, np.exp(_log_softmax(np.where(mask, scores, -np.inf))), 0)
+  p_vocab = np.exp(_log_softmax(logits))  # [b, k, j, v]
+  p_targets = np.take_along_axis(p_vocab, targets[:, None, :, None], -1)[..., 0]
+  p_targets = np.where(target_mask[:, None], p_targets, 1.0)
+  p_y = np.sum(p_z * p_targets.prod(-1), axis=1)
+  p_y_null = p_targets[:, 0].prod(-1)
+  tokens = target_mask.sum()
+  np.testing.assert_allclose(metrics['marginal_log_likelihood'],
+                             np.log(p_y).sum() / tokens, rtol=1e-5)
+  np.testing.assert_allclose(metrics['retrieval_utility'],
+                             np.sum(np.log(p_y) - np.log(p_y_null)) / tokens,
+                             rtol=1e-5)
+  marginal = np.einsum('bk,bkjv->bjv', p_z, p_vocab)
+  correct = (marginal.argmax(-1) == targets) & target_mask
+  np.testing.assert_allclose(metrics['masked_token_accuracy'],
+                             correct.sum() / tokens)
+  entropy = -np.sum(np.where(p_z > 0, p_z * np.log(np.where(p_z > 0, p_z, 1)),
+                             0), axis=1)
+  np.testing.assert_allclose(metrics['retrieval_entropy'], entropy.mean(),
+                             rtol=1e-5)
+  np.testing.assert_allclose(metrics['retrieval_max_prob'],
+                             p_z.max(1).mean(), rtol=1e-6)
+
+
+def test_unknown_marginalization_is_an_error():
+  with pytest.raises(ValueError, match='marginalize'):
+    losses.marginal_log_likelihood(jnp.zeros((1, 2)), jnp.zeros((1, 2, 1)),
+                                   jnp.ones((1, 1)), 'per_document')
+
+
+def _qa_example():
+  """2 candidates, 3 positions, spans of width <= 2."""
+  scores = np.array([[0.5, -1.0]], np.float32)
+  candidate_mask = np.array([[True, True]])
+  span_logits = np.arange(12, dtype=np.float32).reshape(1, 2, 3, 2) / 4
+  span_mask = np.ones((1, 2, 3, 2), bool)
+  span_mask[:, :, 2, 1] = False  # Would run past the end.
+  gold = np.zeros((1, 2, 3, 2), bool)
+  gold[0, 0, 1, 0] = gold[0, 1, 0, 1] = True
+  return scores, candidate_mask, span_logits, span_mask, gold
+
+
+def test_qa_loss_equals_the_hand_computed_value():
+  scores, candidate_mask, span_logits, span_mask, gold = _qa_example()
+  loss, metrics = losses.qa_loss(scores, candidate_mask, span_logits,
+                                 span_mask, gold)
+  # Joint scores S(z, s) + f(x, z); valid spans are all but (i=2, w=1).
+  z0 = [0.0, 0.25, 0.5, 0.75, 1.0] + np.float32(0.5)
+  z1 = [1.5, 1.75, 2.0, 2.25, 2.5] + np.float32(-1.0)
+  normalizer = np.log(np.sum(np.exp(z0)) + np.sum(np.exp(z1)))
+  # Gold: candidate 0 span (1, +0) -> logit 0.5; candidate 1 span (0, +1) -> 1.75.
+  reader = -(np.log(np.exp(0.5 + 0.5) + np.exp(1.75 - 1.0)) - normalizer)
+  retriever = 0.0  # Both candidates hold an answer: log sum p(z|x) = log 1.
+  np.testing.assert_allclose(metrics['reader_loss'], reader, rtol=1e-6)
+  np.testing.assert_allclose(metrics['retriever_loss'], retriever, atol=1e-6)
+  np.testing.assert_allclose(loss, reader + retriever, rtol=1e-6)
+
+  gold[0, 1] = False  # Only candidate 0 holds an answer now.
+  _, metrics = losses.qa_loss(scores, candidate_mask, span_logits, span_mask,
+                              gold)
+  np.testing.assert_allclose(metrics['retriever_loss'],
+                             -np.log(1 / (1 + np.exp(-1.5))), rtol=1e-6)
+
+
+def test_qa_loss_is_zero_and_finite_without_an_answer():
+  scores, candidate_mask, span_logits, span_mask, gold = _qa_example()
+  no_gold = np.zeros_like(gold)
+  both = lambda s, l: losses.qa_loss(s, candidate_mask, l, span_mask,
+                                     np.stack([gold[0], no_gold[0]]))[0]
+  stacked = (np.concatenate([scores, scores]),
+             np.concatenate([span_logits, span_logits]))
+  loss, metrics = losses.qa_loss(scores, candidate_mask, span_logits,
+                                 span_mask, no_gold)
+  assert loss == 0 and metrics['answer_recall'] == 0
+  candidate_mask = np.concatenate([candidate_mask, candidate_mask])
+  span_mask = np.concatenate([span_mask, span_mask])
+  grads = jax.grad(both, argnums=(0, 1))(*stacked)
+  assert all(np.all(np.isfinite(g)) for g in grads)
+  # The example without an answer contributes nothing.
+  assert np.all(np.asarray(grads[0])[1] == 0) and np.all(
+      np.asarray(grads[1])[1] == 0)
+
+
+def _ict_reference(queries, blocks):
+  logits = queries @ blocks.T
+  return -np.mean(np.diag(_log_softmax(logits)))
+
+
+def test_ict_loss_matches_numpy():
+  rng = np.random.default_rng(8)
+  queries, blocks = rng.standard_normal((2, 8, 5)).astype(np.float32)
+  loss, metrics = losses.ict_loss(queries, blocks)
+  np.testing.assert_allclose(loss, _ict_reference(queries, blocks), rtol=1e-5)
+  np.testing.assert_allclose(
+      metrics['accuracy'],
+      np.mean((queries @ blocks.T).argmax(1) == np.arange(8)))
+
+
+def test_ict_loss_is_the_same_on_one_and_four_devices():
+  rng = np.random.default_rng(9)
+  queries, blocks = rng.standard_normal((2, 8, 5)).astype(np.float32)
+  single, _ = losses.ict_loss(queries, blocks)
+  # Auto axes: the GSPMD partitioner decides the collectives (as in training).
+  mesh = jax.make_mesh((4,), ('data',), (jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:4])
+  data = NamedSharding(mesh, P('data'))
+  queries, blocks = jax.device_put((queries, blocks), data)
+
+  # shard_map: each device holds 2 queries, and gathers all 8 blocks.
+  sharded = jax.jit(jax.shard_map(
+      functools.partial(losses.ict_loss, axis_name='data'), mesh=mesh,
+      in_specs=(P('data'), P('data')), out_specs=P()))
+  mapped, mapped_metrics = sharded(queries, blocks)
+  # jit over batch-sharded arrays: XLA inserts the gather.
+  jitted, _ = jax.jit(losses.ict_loss)(queries, blocks)
+  queries, blocks = np.asarray(queries), np.asarray(blocks)
+  np.testing.assert_allclose(mapped, single, rtol=1e-6)
+  np.testing.assert_allclose(jitted, single, rtol=1e-6)
+  np.testing.assert_allclose(mapped, _ict_reference(queries, blocks), rtol=1e-5)
+  assert 0 <= mapped_metrics['accuracy'] <= 1
