@@ -144,3 +144,31 @@ class KnowledgeAugmentedEncoder(nn.Module):
     return (self._mlm(hidden, mlm_positions, batch, k),
             self._spans(hidden, batch, k))
 
+
+
+def gold_span_mask(token_ids, block_mask, answer_ids, answer_mask,
+                   max_span_width: int):
+  """Every occurrence of an answer's token ids inside z, as a span grid.
+
+  Args:
+    token_ids: [batch, k, L] reader inputs.
+    block_mask: [batch, k, L] 1 on the tokens of z.
+    answer_ids: [batch, A, T] token ids of each answer, padded.
+    answer_mask: [batch, A, T] 1 on real answer tokens.
+    max_span_width: W; longer answers can never be gold.
+
+  Returns:
+    [batch, k, L, W] bool: span (i, i + w) spells an answer and lies in z.
+  """
+  length, answer_length = token_ids.shape[-1], answer_ids.shape[-1]
+  offsets = jnp.arange(length)[:, None] + jnp.arange(answer_length)[None]
+  window = jnp.minimum(offsets, length - 1)  # [L, T]
+  in_block = block_mask.astype(bool)[..., window] & (offsets < length)
+  answer_mask = answer_mask.astype(bool)
+  same = token_ids[..., window][:, :, :, None, :] == answer_ids[:, None, None]
+  same &= in_block[:, :, :, None, :]
+  match = jnp.all(same | ~answer_mask[:, None, None], axis=-1) & jnp.any(
+      answer_mask, axis=-1)[:, None, None]  # [batch, k, L, A]
+  width = jnp.sum(answer_mask, axis=-1) - 1  # [batch, A]
+  widths = width[..., None] == jnp.arange(max_span_width)  # [batch, A, W]
+  return jnp.any(match[..., None] & widths[:, None, None], axis=3)

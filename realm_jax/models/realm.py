@@ -1,0 +1,75 @@
+"""REALM: p(y|x) = sum_z p(y|z,x) p(z|x) over the candidates of each query.
+
+Ties the retriever and the knowledge-augmented encoder together. Candidate
+blocks arrive as token arrays (see `candidates.gather_blocks`); their
+embeddings are recomputed here with the current parameters, so the gradient
+reaches the document tower even though the index that found them is stale.
+"""
+
+from flax import linen as nn
+
+from realm_jax.models.bert import BertConfig
+from realm_jax.models.candidates import join_query_and_blocks
+from realm_jax.models.reader import KnowledgeAugmentedEncoder
+from realm_jax.models.retriever import Retriever, relevance
+
+
+class Realm(nn.Module):
+  """Retriever + knowledge-augmented encoder.
+
+  Attributes:
+    retriever_config: BERT of the query/document towers.
+    reader_config: BERT of the knowledge-augmented encoder.
+    projection_size: retrieval embedding size (128 in the paper).
+    share_towers: one BERT for query and document towers (released code).
+    reader_length: wordpieces of `[CLS] x [SEP] z [SEP]` (384; 320 for QA).
+    include_title: the reader also reads z's title.
+    span_projection_size: ORQA's start/end projection size (256).
+    max_span_width: longest answer span in tokens (10).
+  """
+  retriever_config: BertConfig
+  reader_config: BertConfig
+  projection_size: int = 128
+  share_towers: bool = True
+  reader_length: int = 384
+  include_title: bool = False
+  span_projection_size: int = 256
+  max_span_width: int = 10
+
+  def setup(self):
+    self.retriever = Retriever(self.retriever_config, self.projection_size,
+                               self.share_towers)
+    self.reader = KnowledgeAugmentedEncoder(
+        self.reader_config, self.span_projection_size, self.max_span_width)
+
+  def reader_inputs(self, query, candidates):
+    return join_query_and_blocks(query, candidates, self.reader_length,
+                                 self.include_title)
+
+  def pretrain(self, query, candidates, mlm_positions, deterministic=True):
+    """Masked LM: (f(x, z) [batch, k], logits [batch, k, M, vocab])."""
+    scores = self.retriever(query, candidates, deterministic)
+    logits = self.reader.masked_lm_logits(
+        self.reader_inputs(query, candidates), mlm_positions, deterministic)
+    return scores, logits
+
+  def read_spans(self, query, candidates, candidate_embeddings,
+                 deterministic=True):
+    """Open-QA with frozen document embeddings (taken from the index).
+
+    Returns (f(x, z) [batch, k], span logits [batch, k, L, W], the reader
+    inputs, whose `block_mask` locates z for span masks and gold spans).
+    """
+    query_embedding = self.retriever.embed_query(
+        query['token_ids'], query['input_mask'], query['token_type_ids'],
+        deterministic)
+    inputs = self.reader_inputs(query, candidates)
+    return (relevance(query_embedding, candidate_embeddings),
+            self.reader.span_logits(inputs, deterministic), inputs)
+
+  def __call__(self, query, candidates, mlm_positions, deterministic=True):
+    """Every parameter, for init: both towers and both reader heads."""
+    scores = self.retriever(query, candidates, deterministic)
+    logits, spans = self.reader(self.reader_inputs(query, candidates),
+                                mlm_positions, deterministic)
+    return scores, logits, spans
