@@ -1,0 +1,127 @@
+"""Retriever, knowledge-augmented encoder and their composition."""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from realm_jax.models import reader as reader_lib
+from realm_jax.models.realm import Realm
+from realm_jax.models.retriever import Retriever
+
+
+def _tokens(rng, shape, vocab=64, length=None):
+  token_ids = rng.integers(5, vocab, shape).astype(np.int32)
+  token_ids[..., 0] = 2
+  mask = np.ones(shape, np.int32)
+  if length is not None:
+    mask[..., length:] = 0
+  types = np.zeros(shape, np.int32)
+  types[..., shape[-1] // 2:] = 1
+  # In the order of the towers' arguments.
+  return {'token_ids': token_ids * mask, 'input_mask': mask,
+          'token_type_ids': types * mask}
+
+
+@pytest.mark.parametrize('share,towers', [
+    (True, {'embedder'}), (False, {'query_embedder', 'document_embedder'})])
+def test_retriever_towers(tiny_config, share, towers):
+  rng = np.random.default_rng(0)
+  query, docs = _tokens(rng, (2, 6)), _tokens(rng, (2, 3, 8))
+  # A wide init: BERT's 0.02 makes every [CLS] state (nearly) the same.
+  config = dataclasses.replace(tiny_config, initializer_range=0.5)
+  retriever = Retriever(config, projection_size=16, share_towers=share)
+  params = nn.meta.unbox(retriever.init(jax.random.key(0), query, docs))
+  assert set(params['params']) == towers
+  for tower in towers:
+    assert set(params['params'][tower]) == {'bert', 'projection', 'layer_norm'}
+  scores = retriever.apply(params, query, docs)
+  q = retriever.apply(params, *query.values(), method='embed_query')
+  d = retriever.apply(params, *docs.values(), method='embed_documents')
+  assert q.shape == (2, 16) and d.shape == (2, 3, 16)
+  np.testing.assert_allclose(scores, np.einsum('bd,bkd->bk', q, d), rtol=1e-5)
+  # LayerNorm output: zero mean, unit variance before scale and bias.
+  np.testing.assert_allclose(np.mean(q, -1), 0, atol=1e-5)
+  if share:  # One tower: the query and document embeddings coincide.
+    np.testing.assert_allclose(
+        retriever.apply(params, *query.values(), method='embed_documents'), q)
+
+
+def test_mlm_head_decodes_with_the_word_embeddings(tiny_config):
+  rng = np.random.default_rng(1)
+  inputs = _tokens(rng, (2, 3, 8))
+  positions = np.array([[1, 2], [3, 1]], np.int32)
+  encoder = reader_lib.KnowledgeAugmentedEncoder(tiny_config)
+  params = nn.meta.unbox(encoder.init(jax.random.key(0), inputs, positions))
+  head = params['params']['mlm_head']
+  assert set(head) == {'transform', 'transform_layer_norm', 'output_bias'}
+  logits = encoder.apply(params, inputs, positions, method='masked_lm_logits')
+  assert logits.shape == (2, 3, 2, tiny_config.vocab_size)
+
+  # logits = LN(gelu(W h + b)) E^T + bias, with E the input word embeddings.
+  hidden = encoder.apply(params, inputs, True, method='_encode')
+  h = hidden.reshape(2, 3, 8, -1)[np.arange(2)[:, None, None],
+                                  np.arange(3)[None, :, None],
+                                  positions[:, None, :]]
+  h = jax.nn.gelu(h @ head['transform']['kernel'] + head['transform']['bias'],
+                  approximate=False)
+  ln = head['transform_layer_norm']
+  h = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True)
+                                                 + tiny_config.layer_norm_eps)
+  h = h * ln['scale'] + ln['bias']
+  embeddings = params['params']['bert']['embeddings']['word_embeddings'][
+      'embedding']
+  np.testing.assert_allclose(logits, h @ embeddings.T + head['output_bias'],
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_span_mask_keeps_spans_inside_z():
+  block_mask = np.array([[0, 0, 1, 1, 1, 0]])
+  got = np.asarray(reader_lib.span_mask(block_mask, 3))
+  for i, w in itertools.product(range(6), range(3)):
+    inside = i + w < 6 and all(block_mask[0, i:i + w + 1])
+    assert got[0, i, w] == inside, (i, w)
+
+
+def test_gold_spans_are_every_occurrence_of_every_answer():
+  token_ids = np.array([[[1, 7, 8, 9, 7, 8, 5, 7, 0]]])
+  block_mask = np.array([[[0, 0, 1, 1, 1, 1, 1, 1, 0]]])  # The query is 0..1.
+  answers = np.array([[[7, 8, 0], [5, 0, 0], [9, 7, 8], [6, 0, 0]]])
+  got = np.asarray(reader_lib.gold_span_mask(
+      token_ids, block_mask, answers, answers > 0, max_span_width=2))
+  expected = np.zeros((1, 1, 9, 2), bool)
+  expected[0, 0, 4, 1] = True  # "7 8" at 4; the "7 8" at 1 is in the query.
+  expected[0, 0, 6, 0] = True  # "5" at 6.
+  # "9 7 8" is longer than max_span_width; "6" does not occur; the final "7"
+  # alone is not an answer.
+  np.testing.assert_array_equal(got, expected)
+
+
+def test_realm_outputs(tiny_config):
+  rng = np.random.default_rng(2)
+  query = _tokens(rng, (2, 6))
+  query['token_type_ids'][:] = 0
+  candidates = _tokens(rng, (2, 4, 8), length=7)
+  positions = np.array([[1], [2]], np.int32)
+  model = Realm(tiny_config, tiny_config, projection_size=16, reader_length=12,
+                max_span_width=3)
+  params = nn.meta.unbox(model.init(jax.random.key(0), query, candidates,
+                                    positions))
+  assert set(params['params']) == {'retriever', 'reader'}
+  scores, logits = model.apply(params, query, candidates, positions,
+                               method='pretrain')
+  assert scores.shape == (2, 4) and logits.shape == (2, 4, 1, 64)
+  frozen = rng.standard_normal((2, 4, 16)).astype(np.float32)
+  qa_scores, spans, inputs = model.apply(params, query, candidates, frozen,
+                                         method='read_spans')
+  assert spans.shape == (2, 4, 12, 3) and inputs['block_mask'].shape == (2, 4,
+                                                                          12)
+  # Fine-tuning scores come from the frozen embeddings, not the doc tower.
+  q = model.apply(params, *query.values(),
+                  method=lambda m, *a: m.retriever.embed_query(*a))
+  np.testing.assert_allclose(qa_scores, np.einsum('bd,bkd->bk', q, frozen),
+                             rtol=1e-5)
