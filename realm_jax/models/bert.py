@@ -78,24 +78,31 @@ def _init(config: BertConfig, names: tuple[str, ...]):
       nn.initializers.truncated_normal(config.initializer_range), names)
 
 
-def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: BertConfig, name: str, axis_name: str = 'embed'):
+  """LayerNorm over the last axis, whose logical name is `axis_name`."""
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps,
       dtype=config.dtype,
       param_dtype=config.param_dtype,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones,
+                                              (axis_name,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                             (axis_name,)),
       name=name)
 
 
-def _dense(config: BertConfig, features, axis, kernel_names, bias_names, name):
+def dense(config: BertConfig, features, kernel_names: tuple[str, ...],
+          name: str, axis=-1):
+  """DenseGeneral with BERT's init; the bias takes the kernel's output names."""
+  out_ndim = len(features) if isinstance(features, tuple) else 1
   return nn.DenseGeneral(
       features=features,
       axis=axis,
       dtype=config.dtype,
       param_dtype=config.param_dtype,
       kernel_init=_init(config, kernel_names),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, bias_names),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                             kernel_names[-out_ndim:]),
       name=name)
 
 
@@ -114,7 +121,7 @@ class Embeddings(nn.Module):
         c.max_position_embeddings, embedding_init=_init(c, ('length', 'embed')))
     self.token_type_embeddings = embed(
         c.type_vocab_size, embedding_init=_init(c, ('token_type', 'embed')))
-    self.layer_norm = _layer_norm(c, 'layer_norm')
+    self.layer_norm = layer_norm(c, 'layer_norm')
     self.dropout = nn.Dropout(c.dropout_rate)
 
   def __call__(self, token_ids, token_type_ids, deterministic: bool):
@@ -141,9 +148,8 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x, input_mask, deterministic: bool):
     c = self.config
-    project = functools.partial(
-        _dense, c, (c.num_heads, c.head_dim), -1,
-        ('embed', 'heads', 'kv'), ('heads', 'kv'))
+    project = functools.partial(dense, c, (c.num_heads, c.head_dim),
+                                ('embed', 'heads', 'kv'))
     activation_names = ('batch', 'length', 'heads', 'kv')
     query = nn.with_logical_constraint(project('query')(x), activation_names)
     key = nn.with_logical_constraint(project('key')(x), activation_names)
@@ -159,8 +165,8 @@ class SelfAttention(nn.Module):
     probs = nn.Dropout(c.attention_dropout_rate)(probs, deterministic)
     context = jnp.einsum('bhqk,bkhd->bqhd', probs, value)
     context = nn.with_logical_constraint(context, activation_names)
-    out = _dense(c, c.hidden_size, (-2, -1), ('heads', 'kv', 'embed'),
-                 ('embed',), 'out')(context)
+    out = dense(c, c.hidden_size, ('heads', 'kv', 'embed'), 'out',
+                axis=(-2, -1))(context)
     return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))
 
 
@@ -173,15 +179,14 @@ class TransformerLayer(nn.Module):
     c = self.config
     dropout = nn.Dropout(c.dropout_rate)
     attended = SelfAttention(c, name='attention')(x, input_mask, deterministic)
-    x = _layer_norm(c, 'attention_layer_norm')(
+    x = layer_norm(c, 'attention_layer_norm')(
         x + dropout(attended, deterministic))
 
-    h = _dense(c, c.intermediate_size, -1, ('embed', 'mlp'), ('mlp',),
-               'intermediate')(x)
+    h = dense(c, c.intermediate_size, ('embed', 'mlp'), 'intermediate')(x)
     h = nn.with_logical_constraint(nn.gelu(h, approximate=False),
                                    ('batch', 'length', 'mlp'))
-    h = _dense(c, c.hidden_size, -1, ('mlp', 'embed'), ('embed',), 'output')(h)
-    x = _layer_norm(c, 'output_layer_norm')(x + dropout(h, deterministic))
+    h = dense(c, c.hidden_size, ('mlp', 'embed'), 'output')(h)
+    x = layer_norm(c, 'output_layer_norm')(x + dropout(h, deterministic))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
 
@@ -202,8 +207,7 @@ class Bert(nn.Module):
     self.embeddings = Embeddings(c)
     self.layers = [layer(c, name=f'layer_{i}') for i in range(c.num_layers)]
     if c.add_pooler:
-      self.pooler = _dense(c, c.hidden_size, -1, ('embed', 'mlp'), ('mlp',),
-                           'pooler')
+      self.pooler = dense(c, c.hidden_size, ('embed', 'mlp'), 'pooler')
 
   def __call__(self, token_ids, input_mask, token_type_ids=None,
                deterministic: bool = True) -> BertOutput:

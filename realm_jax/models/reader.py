@@ -8,28 +8,7 @@ fine-tuning puts ORQA's span reader on the positions of z.
 import jax.numpy as jnp
 from flax import linen as nn
 
-from realm_jax.models.bert import Bert, BertConfig
-
-
-def _dense(config: BertConfig, features: int, names: tuple[str, str], name):
-  return nn.Dense(
-      features, dtype=config.dtype, param_dtype=config.param_dtype,
-      kernel_init=nn.with_logical_partitioning(
-          nn.initializers.truncated_normal(config.initializer_range), names),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                             names[1:]),
-      name=name)
-
-
-def _layer_norm(config: BertConfig, axis_name: str, name: str):
-  return nn.LayerNorm(
-      epsilon=config.layer_norm_eps, dtype=config.dtype,
-      param_dtype=config.param_dtype,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones,
-                                              (axis_name,)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                             (axis_name,)),
-      name=name)
+from realm_jax.models.bert import Bert, BertConfig, dense, layer_norm
 
 
 def gather_positions(hidden, positions):
@@ -44,8 +23,8 @@ class MaskedLMHead(nn.Module):
   @nn.compact
   def __call__(self, hidden, bert: Bert):
     c = self.config
-    h = _dense(c, c.hidden_size, ('embed', 'mlp'), 'transform')(hidden)
-    h = _layer_norm(c, 'mlp', 'transform_layer_norm')(
+    h = dense(c, c.hidden_size, ('embed', 'mlp'), 'transform')(hidden)
+    h = layer_norm(c, 'transform_layer_norm', 'mlp')(
         nn.gelu(h, approximate=False))
     bias = self.param('output_bias', nn.with_logical_partitioning(
         nn.initializers.zeros, ('vocab',)), (c.vocab_size,), c.param_dtype)
@@ -66,16 +45,16 @@ class SpanReaderHead(nn.Module):
   @nn.compact
   def __call__(self, hidden):
     c = self.config
-    start = _dense(c, self.projection_size, ('embed', 'mlp'), 'start')(hidden)
-    end = _dense(c, self.projection_size, ('embed', 'mlp'), 'end')(hidden)
+    start = dense(c, self.projection_size, ('embed', 'mlp'), 'start')(hidden)
+    end = dense(c, self.projection_size, ('embed', 'mlp'), 'end')(hidden)
     length = hidden.shape[-2]
     # ends[:, i, w] = end state of position i + w (clamped; masked later).
     end_index = jnp.minimum(
         jnp.arange(length)[:, None] + jnp.arange(self.max_span_width)[None],
         length - 1)
     spans = start[:, :, None, :] + end[:, end_index, :]
-    spans = _layer_norm(c, 'mlp', 'layer_norm')(nn.relu(spans))
-    return _dense(c, 1, ('mlp', 'score'), 'score')(spans)[..., 0].astype(
+    spans = layer_norm(c, 'layer_norm', 'mlp')(nn.relu(spans))
+    return dense(c, 1, ('mlp', 'score'), 'score')(spans)[..., 0].astype(
         jnp.float32)
 
 

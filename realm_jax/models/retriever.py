@@ -9,7 +9,7 @@ Embed_doc(z). The query tower reads `[CLS] x [SEP]`, the document tower
 import jax.numpy as jnp
 from flax import linen as nn
 
-from realm_jax.models.bert import Bert, BertConfig
+from realm_jax.models.bert import Bert, BertConfig, dense, layer_norm
 
 
 class Embedder(nn.Module):
@@ -20,19 +20,9 @@ class Embedder(nn.Module):
   def setup(self):
     c = self.config
     self.bert = Bert(c)
-    self.projection = nn.Dense(
-        self.projection_size, dtype=c.dtype, param_dtype=c.param_dtype,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.truncated_normal(c.initializer_range),
-            ('embed', 'projection')),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                               ('projection',)))
-    self.layer_norm = nn.LayerNorm(
-        epsilon=c.layer_norm_eps, dtype=c.dtype, param_dtype=c.param_dtype,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones,
-                                                ('projection',)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                               ('projection',)))
+    self.projection = dense(c, self.projection_size, ('embed', 'projection'),
+                            'projection')
+    self.layer_norm = layer_norm(c, 'layer_norm', 'projection')
 
   def __call__(self, token_ids, input_mask, token_type_ids,
                deterministic: bool = True):
