@@ -1,0 +1,1 @@
+"""Open-QA metrics and (later) prediction."""
