@@ -28,7 +28,7 @@ class Progress:
 
   def line(self) -> str:
     rate = self.rate
-    text = (f'{self.what} {self.done:,}/{self.total:,} '
+    text = (f'{self.what} {self.done:,.0f}/{self.total:,.0f} '
             f'({100 * self.done / max(self.total, 1):.0f}%) '
             f'{rate:.1f} {self.unit}/s')
     if 0 < self.done < self.total and rate > 0:
@@ -37,7 +37,7 @@ class Progress:
       text += f' in {_duration(self.clock() - self.start)}'
     return text
 
-  def update(self, n: int) -> None:
+  def update(self, n: float) -> None:
     self.done += n
     now = self.clock()
     if now - self._last >= self.every_s or self.done >= self.total:

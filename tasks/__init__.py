@@ -1,5 +1,12 @@
-"""seqio task and mixture registrations for realm-jax.
+"""seqio tasks of realm-jax, registered at import.
 
-Importing this package registers the tasks (pre-training, ICT, Open-QA); they
-arrive with the data pipeline.
+- realm_pretrain_<corpus>_<masking>: masked-LM queries (salient spans, or the
+  random_uniform / random_span ablations) from an annotated corpus.
+- ict_<corpus>: Inverse Cloze Task pairs from a corpus.
+- nq_open, web_questions, curated_trec: Open-QA train and test splits.
+
+Corpora are found under $REALM_CORPUS_DIR (default runs/corpora), the
+benchmarks under $REALM_DATA_DIR.
 """
+
+from tasks import ict, open_qa, pretraining  # pylint: disable=unused-import

@@ -14,6 +14,8 @@ import logging
 import os
 from typing import Iterator, NamedTuple
 
+import gin
+
 from realm_jax.data.skips import SkipReport
 from realm_jax.evaluation.metrics import compile_answer_pattern
 
@@ -105,7 +107,9 @@ FILES = {
 REGEX_ANSWERS = frozenset({'curated_trec'})
 
 
+@gin.configurable
 def data_dir(explicit: str | None = None) -> str:
+  """The benchmark directory: `explicit`, a gin binding, or $REALM_DATA_DIR."""
   path = explicit or os.environ.get(DATA_DIR_ENV)
   if not path:
     raise FileNotFoundError(

@@ -41,12 +41,16 @@ class WordPieceTokenizer:
     self.vocab_path = vocab_path
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         ids[t] for t in SPECIAL_TOKENS)
-    table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(
-            tf.constant(self.vocab), tf.range(len(self.vocab), dtype=tf.int64)),
-        default_value=-1)
-    self._tokenizer = tf_text.BertTokenizer(
-        table, token_out_type=tf.int64, lower_case=lower_case)
+    # Eagerly, even when first built inside a tf.data map: the table must
+    # outlive the graph being traced.
+    with tf.init_scope():
+      table = tf.lookup.StaticHashTable(
+          tf.lookup.KeyValueTensorInitializer(
+              tf.constant(self.vocab),
+              tf.range(len(self.vocab), dtype=tf.int64)),
+          default_value=-1)
+      self._tokenizer = tf_text.BertTokenizer(
+          table, token_out_type=tf.int64, lower_case=lower_case)
 
   @property
   def vocab_size(self) -> int:
@@ -55,6 +59,18 @@ class WordPieceTokenizer:
   def tokenize(self, texts) -> tf.RaggedTensor:
     """[batch] strings -> [batch, (wordpieces)] int64 ids."""
     return self._tokenizer.tokenize(texts).merge_dims(-2, -1)
+
+  @property
+  def first_regular_id(self) -> int:
+    """The first id that is an ordinary wordpiece (not [PAD], [unused0], ...)."""
+    return next(i for i, t in enumerate(self.vocab)
+                if not (t.startswith('[') and t.endswith(']')))
+
+  def detokenize(self, ids) -> tf.Tensor:
+    """[n] ids -> the text they spell, wordpieces merged, special tokens kept."""
+    words = self._tokenizer.detokenize(tf.reshape(tf.cast(ids, tf.int64),
+                                                  [1, -1]))
+    return tf.strings.reduce_join(words[0], separator=' ')
 
   def join(self, segments: Sequence[tf.RaggedTensor], max_length: int,
            truncation: str = 'waterfall') -> dict[str, tf.Tensor]:

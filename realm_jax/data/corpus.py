@@ -1,0 +1,379 @@
+"""The knowledge corpus: articles chunked into blocks of at most 288 wordpieces.
+
+As in ORQA and REALM, each article is split into sentences and whole sentences
+are packed greedily into blocks `[CLS] title [SEP] body [SEP]` of at most
+`max_block_length` wordpieces. Blocks get consecutive ids in input order, so
+the same input always gives the same ids and fingerprint. The builder streams:
+articles are read, tokenized and written a batch at a time, into TFRecord
+shards, with `metadata.json` written last. A build goes to a temporary
+directory that replaces the output only when complete, so a killed build never
+leaves a torn corpus.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from typing import Iterable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from realm_jax.data import sources
+from realm_jax.data.skips import SkipReport
+from realm_jax.data.tokenization import WordPieceTokenizer
+from realm_jax.progress import Progress
+
+CORPUS_ROOT_ENV = 'REALM_CORPUS_DIR'
+MAX_BLOCK_LENGTH = 288
+MAX_TITLE_LENGTH = 64
+METADATA = 'metadata.json'
+SKIPPED_TITLE_PREFIXES = ('List of', 'Lists of', 'Index of', 'Outline of')
+_HISTOGRAM_BUCKET = 32
+
+
+@dataclasses.dataclass
+class Block:
+  """One retrieval unit. Sentence offsets are UTF-8 byte offsets into body."""
+  block_id: int
+  title: str
+  body: str
+  token_ids: list[int]  # [CLS] title [SEP] body [SEP]
+  title_length: int  # Wordpieces of the title.
+  sentence_starts: list[int]
+  sentence_ends: list[int]
+
+  def to_example(self) -> bytes:
+    ints = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+    text = lambda s: tf.train.Feature(
+        bytes_list=tf.train.BytesList(value=[s.encode('utf-8')]))
+    return tf.train.Example(features=tf.train.Features(feature={
+        'block_id': ints([self.block_id]),
+        'title': text(self.title),
+        'body': text(self.body),
+        'token_ids': ints(self.token_ids),
+        'title_length': ints([self.title_length]),
+        'sentence_starts': ints(self.sentence_starts),
+        'sentence_ends': ints(self.sentence_ends),
+    })).SerializeToString()
+
+
+BLOCK_FEATURES = {
+    'block_id': tf.io.FixedLenFeature([], tf.int64),
+    'title': tf.io.FixedLenFeature([], tf.string),
+    'body': tf.io.FixedLenFeature([], tf.string),
+    'token_ids': tf.io.RaggedFeature(tf.int64),
+    'title_length': tf.io.FixedLenFeature([], tf.int64),
+    'sentence_starts': tf.io.RaggedFeature(tf.int64),
+    'sentence_ends': tf.io.RaggedFeature(tf.int64),
+}
+
+
+def parse_block(serialized):
+  """tf.data map function: a serialized block -> dict of tensors."""
+  return tf.io.parse_single_example(serialized, BLOCK_FEATURES)
+
+
+def skipped_page_reason(title: str, text: str) -> str | None:
+  """Why a page is not knowledge: lists, indexes, outlines, disambiguation."""
+  if title.startswith(SKIPPED_TITLE_PREFIXES):
+    return 'list, index or outline page'
+  if '(disambiguation)' in title or text.rstrip().endswith('may refer to:'):
+    return 'disambiguation page'
+  return None
+
+
+def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
+                        progress: Progress | None = None,
+                        digest=None) -> Iterator[tuple[str, sources.Article]]:
+  """(file:line, article) from JSONL files, one `{"title", "text"}` a line."""
+  for path in paths:
+    with open(path, 'rb') as f:
+      for number, line in enumerate(f, 1):
+        if digest is not None:
+          digest.update(line)
+        if progress is not None:
+          progress.update(len(line) / 1e6)
+        where = f'{path}:{number}'
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line.decode('utf-8'))
+        except UnicodeDecodeError:
+          report.add('not UTF-8', where)
+          continue
+        except json.JSONDecodeError:
+          report.add('invalid JSON', where)
+          continue
+        if not isinstance(row, dict) or not isinstance(row.get('title'), str) \
+            or not isinstance(row.get('text'), str):
+          report.add('missing title or text field', where)
+          continue
+        yield where, sources.Article(row['title'].strip(), row['text'])
+
+
+class SentenceSplitter:
+  """spaCy's rule-based sentencizer: fast, no model weights."""
+
+  def __init__(self):
+    import spacy  # pylint: disable=g-import-not-at-top
+    self._nlp = spacy.blank('en')
+    self._nlp.add_pipe('sentencizer')
+
+  def split(self, texts: list[str]) -> list[list[str]]:
+    return [[s.text.strip() for s in doc.sents if s.text.strip()]
+            for doc in self._nlp.pipe(texts, batch_size=256)]
+
+
+def _lengths(tokenizer: WordPieceTokenizer, texts: list[str]) -> list[list[int]]:
+  if not texts:
+    return []
+  return tokenizer.tokenize(tf.constant(texts)).to_list()
+
+
+def pack_sentences(lengths: list[int], budget: int) -> list[list[int]]:
+  """Greedy packing of whole sentences (by index) into groups <= budget.
+
+  Every sentence must already fit the budget (see `_split_long_sentence`).
+  """
+  groups, current, used = [], [], 0
+  for index, length in enumerate(lengths):
+    if current and used + length > budget:
+      groups.append(current)
+      current, used = [], 0
+    current.append(index)
+    used += length
+  if current:
+    groups.append(current)
+  return groups
+
+
+def _split_long_sentence(tokenizer, sentence: str, budget: int) -> list[str]:
+  """A sentence over the budget, cut between words into pieces that fit."""
+  words = sentence.split()
+  pieces, current, used = [], [], 0
+  for word, length in zip(words, map(len, _lengths(tokenizer, words))):
+    if current and used + length > budget:
+      pieces.append(' '.join(current))
+      current, used = [], 0
+    current.append(word)
+    used += length
+  if current:
+    pieces.append(' '.join(current))
+  return pieces
+
+
+class CorpusBuilder:
+  """Turns articles into blocks; see the module docstring."""
+
+  def __init__(self, tokenizer: WordPieceTokenizer,
+               max_block_length: int = MAX_BLOCK_LENGTH,
+               max_title_length: int = MAX_TITLE_LENGTH):
+    if max_block_length < max_title_length + 4:
+      raise ValueError(f'max_block_length={max_block_length} leaves no room '
+                       f'for a body after a {max_title_length}-wordpiece title.')
+    self.tokenizer = tokenizer
+    self.max_block_length = max_block_length
+    self.max_title_length = max_title_length
+    self.splitter = SentenceSplitter()
+    self.report = SkipReport('build-corpus')
+    self.next_id = 0
+
+  def blocks(self, articles: list[tuple[str, sources.Article]]) -> list[Block]:
+    """Blocks of a batch of (where, article), in order, with fresh ids."""
+    kept = []
+    for where, article in articles:
+      reason = ('empty article' if not article.text.strip() else
+                'empty title' if not article.title else
+                skipped_page_reason(article.title, article.text))
+      if reason:
+        self.report.add(reason, where)
+      else:
+        kept.append((where, article))
+    sentences = self.splitter.split([a.text for _, a in kept])
+    titles = _lengths(self.tokenizer, [a.title for _, a in kept])
+    flat = [s for article_sentences in sentences for s in article_sentences]
+    flat_ids = iter(_lengths(self.tokenizer, flat))
+    out = []
+    for (where, article), title_ids, article_sentences in zip(kept, titles,
+                                                              sentences):
+      if len(title_ids) > self.max_title_length:
+        self.report.add(f'title over {self.max_title_length} wordpieces, cut',
+                        where)
+        title_ids = title_ids[:self.max_title_length]
+      budget = self.max_block_length - len(title_ids) - 3
+      texts, ids = [], []
+      for sentence in article_sentences:
+        sentence_ids = next(flat_ids)
+        if len(sentence_ids) <= budget:
+          texts.append(sentence)
+          ids.append(sentence_ids)
+          continue
+        self.report.add('sentence longer than a block, cut between words',
+                        where)
+        for piece in _split_long_sentence(self.tokenizer, sentence, budget):
+          texts.append(piece)
+          ids.append(_lengths(self.tokenizer, [piece])[0])
+      for group in pack_sentences([len(i) for i in ids], budget):
+        out.append(self._block(article.title, title_ids,
+                               [texts[i] for i in group],
+                               [ids[i] for i in group]))
+    return out
+
+  def _block(self, title, title_ids, sentences, sentence_ids) -> Block:
+    t = self.tokenizer
+    starts, ends, offset = [], [], 0
+    for sentence in sentences:
+      starts.append(offset)
+      offset += len(sentence.encode('utf-8'))
+      ends.append(offset)
+      offset += 1  # The joining space.
+    token_ids = [t.cls_id, *title_ids, t.sep_id,
+                 *(i for ids in sentence_ids for i in ids), t.sep_id]
+    block = Block(self.next_id, title, ' '.join(sentences), token_ids,
+                  len(title_ids), starts, ends)
+    self.next_id += 1
+    return block
+
+
+def _vocab_hash(vocab_path: str) -> str:
+  with open(vocab_path, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def _histogram(lengths: list[int], max_length: int) -> dict[str, int]:
+  counts = collections.Counter(min(n, max_length - 1) // _HISTOGRAM_BUCKET
+                               for n in lengths)
+  return {f'{b * _HISTOGRAM_BUCKET}-{min((b + 1) * _HISTOGRAM_BUCKET, max_length) - 1}':
+          counts[b] for b in range(-(-max_length // _HISTOGRAM_BUCKET))}
+
+
+def format_histogram(histogram: dict[str, int], width: int = 40) -> str:
+  top = max(histogram.values()) or 1
+  return '\n'.join(f'  {bucket:>9} {count:>9,} {"#" * round(width * count / top)}'
+                   for bucket, count in histogram.items())
+
+
+def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
+                 wiki_leads_json: str | None = None,
+                 jsonl_paths: list[str] | None = None,
+                 max_block_length: int = MAX_BLOCK_LENGTH,
+                 max_title_length: int = MAX_TITLE_LENGTH,
+                 blocks_per_shard: int = 100_000,
+                 articles_per_batch: int = 256) -> dict:
+  """Builds a corpus from the wiki leads file or JSONL files; returns metadata."""
+  if bool(wiki_leads_json) == bool(jsonl_paths):
+    raise ValueError('Give exactly one source: wiki_leads_json or jsonl_paths.')
+  builder = CorpusBuilder(tokenizer, max_block_length, max_title_length)
+  source_digest = hashlib.sha256()
+  if wiki_leads_json:
+    with open(wiki_leads_json, 'rb') as f:
+      source_digest.update(f.read())
+    leads = list(sources.read_wiki_leads(wiki_leads_json))
+    progress = Progress('articles', len(leads), unit='articles')
+    articles = ((f'{wiki_leads_json}[{a.title!r}]', a) for a in leads)
+    count_articles = True
+  else:
+    progress = Progress('read', sum(os.path.getsize(p) for p in jsonl_paths)
+                        / 1e6, unit='MB')
+    articles = read_jsonl_articles(jsonl_paths, builder.report, progress,
+                                   source_digest)
+    count_articles = False
+
+  tmp_dir = output_dir.rstrip('/') + '.incomplete'
+  shutil.rmtree(tmp_dir, ignore_errors=True)
+  os.makedirs(tmp_dir)
+  corpus_digest = hashlib.sha256(_vocab_hash(tokenizer.vocab_path).encode())
+  lengths, shards, writer, num_articles = [], [], None, 0
+
+  def write(blocks):
+    nonlocal writer
+    for block in blocks:
+      if writer is None or shards[-1]['num_blocks'] == blocks_per_shard:
+        if writer is not None:
+          writer.close()
+        name = f'blocks-{len(shards):05d}.tfrecord'
+        shards.append({'path': name, 'num_blocks': 0})
+        writer = tf.io.TFRecordWriter(os.path.join(tmp_dir, name))
+      writer.write(block.to_example())
+      shards[-1]['num_blocks'] += 1
+      lengths.append(len(block.token_ids))
+      corpus_digest.update(np.asarray(block.token_ids, np.int32).tobytes())
+      corpus_digest.update(b'|')
+
+  batch = []
+  for item in articles:
+    batch.append(item)
+    num_articles += 1
+    if len(batch) == articles_per_batch:
+      write(builder.blocks(batch))
+      if count_articles:
+        progress.update(len(batch))
+      batch = []
+  write(builder.blocks(batch))
+  if count_articles:
+    progress.update(len(batch))
+  if writer is not None:
+    writer.close()
+
+  metadata = {
+      'num_blocks': len(lengths),
+      'num_articles': num_articles,
+      'max_block_length': max_block_length,
+      'max_title_length': max_title_length,
+      'vocab_hash': _vocab_hash(tokenizer.vocab_path),
+      'source_fingerprint': source_digest.hexdigest(),
+      'corpus_fingerprint': corpus_digest.hexdigest(),
+      'sources': [wiki_leads_json] if wiki_leads_json else list(jsonl_paths),
+      'shards': shards,
+      'length_histogram': _histogram(lengths, max_block_length),
+      'mean_length': float(np.mean(lengths)) if lengths else 0.0,
+      'skipped': builder.report.as_dict(),
+  }
+  with open(os.path.join(tmp_dir, METADATA), 'w') as f:
+    json.dump(metadata, f, indent=1)
+  replace_dir(tmp_dir, output_dir)
+  print(f'{metadata["num_blocks"]:,} blocks from {num_articles:,} articles '
+        f'in {output_dir} (mean {metadata["mean_length"]:.0f} wordpieces)')
+  print('Block length histogram (wordpieces):')
+  print(format_histogram(metadata['length_histogram']))
+  print(builder.report.summary())
+  return metadata
+
+
+def replace_dir(new: str, target: str) -> None:
+  """Moves a finished directory into place; readers never see a partial one."""
+  old = target.rstrip('/') + '.old'
+  shutil.rmtree(old, ignore_errors=True)
+  if os.path.exists(target):
+    os.replace(target, old)
+  os.replace(new, target)
+  shutil.rmtree(old, ignore_errors=True)
+
+
+def corpus_dir(name: str) -> str:
+  """Where corpus `name` lives: $REALM_CORPUS_DIR/name, else runs/corpora/name."""
+  return os.path.join(os.environ.get(CORPUS_ROOT_ENV, os.path.join(
+      'runs', 'corpora')), name)
+
+
+def load_metadata(corpus_dir: str) -> dict:
+  path = os.path.join(corpus_dir, METADATA)
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f'No corpus at {corpus_dir} ({METADATA} missing); build one with '
+        '`realm-jax data build-corpus`.')
+  with open(path) as f:
+    return json.load(f)
+
+
+def shard_paths(corpus_dir: str) -> list[str]:
+  return [os.path.join(corpus_dir, s['path'])
+          for s in load_metadata(corpus_dir)['shards']]
+
+
+def read_blocks(corpus_dir: str) -> tf.data.Dataset:
+  """Every block in id order."""
+  return tf.data.TFRecordDataset(shard_paths(corpus_dir)).map(parse_block)

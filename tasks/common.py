@@ -1,0 +1,30 @@
+"""What the tasks share: the WordPiece vocabulary and the known corpora."""
+
+import functools
+import os
+
+import seqio
+
+from realm_jax import embedded
+from realm_jax.data.vocabulary import WordPieceVocabulary
+
+VOCAB_ENV = 'REALM_VOCAB'
+# The embedded default corpus: the Wikipedia leads, built by
+# `realm-jax data build-corpus` into $REALM_CORPUS_DIR/wiki_leads.
+CORPORA = ('wiki_leads',)
+
+
+@functools.cache
+def vocabulary() -> WordPieceVocabulary:
+  """BERT's uncased vocab ($REALM_VOCAB, else the embedded MiniLM's)."""
+  return WordPieceVocabulary(os.environ.get(VOCAB_ENV) or
+                             embedded.minilm_vocab())
+
+
+def token_feature(required: bool = True) -> seqio.Feature:
+  return seqio.Feature(vocabulary(), add_eos=False, required=required)
+
+
+def int_feature(rank: int = 1) -> seqio.Feature:
+  return seqio.Feature(seqio.PassThroughVocabulary(0), add_eos=False,
+                       rank=rank)

@@ -1,0 +1,59 @@
+"""realm_pretrain_<corpus>_<masking>: REALM's masked-LM queries."""
+
+import functools
+import os
+
+import seqio
+import tensorflow as tf
+
+from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import masking
+from realm_jax.data import salient_spans
+from tasks import common
+
+
+def annotated_blocks(corpus: str, split: str, shuffle_files: bool = False,
+                     seed: int | None = None) -> tf.data.Dataset:
+  del shuffle_files, seed  # One file per split; seqio shuffles examples.
+  directory = corpus_lib.corpus_dir(corpus)
+  path = os.path.join(directory, salient_spans.ANNOTATED_DIR,
+                      f'{split}.tfrecord')
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f'No annotated corpus at {path}: run `realm-jax data build-corpus` '
+        f'and `realm-jax data annotate --corpus_dir={directory}`.')
+  return tf.data.TFRecordDataset(path).map(
+      salient_spans.parse_annotated_block)
+
+
+def mask_preprocessor(name: str):
+  function = masking.MASKING_FUNCTIONS[name]
+
+  @seqio.map_over_dataset(num_seeds=1)
+  def mask(features, seed):
+    return function(features, seed, common.vocabulary().tokenizer)
+
+  return mask
+
+
+OUTPUT_FEATURES = {
+    'query_token_ids': common.token_feature(),
+    'mlm_positions': common.int_feature(),
+    'mlm_targets': common.token_feature(),
+    'block_id': common.int_feature(rank=0),
+}
+
+
+def register(corpus: str) -> None:
+  for name in masking.MASKINGS:
+    seqio.TaskRegistry.add(
+        f'realm_pretrain_{corpus}_{name}',
+        source=seqio.FunctionDataSource(
+            functools.partial(annotated_blocks, corpus),
+            splits=('train', 'validation')),
+        preprocessors=[mask_preprocessor(name)],
+        output_features=OUTPUT_FEATURES)
+
+
+for _corpus in common.CORPORA:
+  register(_corpus)
