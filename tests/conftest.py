@@ -31,3 +31,24 @@ def tiny_config() -> BertConfig:
   """Two small layers over a small vocab: every test of the math runs on it."""
   return BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=48, max_position_embeddings=24)
+
+
+@pytest.fixture(scope='session')
+def small_corpus(tmp_path_factory, tokenizer):
+  """The first 60 Wikipedia leads, built and annotated as `wiki_leads`.
+
+  Returns the corpus root (what REALM_CORPUS_DIR points at).
+  """
+  import json
+  from realm_jax.data import corpus, salient_spans
+  root = tmp_path_factory.mktemp('corpora')
+  with open(embedded.wiki_leads_json(), encoding='utf-8') as f:
+    leads = dict(list(json.load(f).items())[:60])
+  source = root / 'leads.json'
+  source.write_text(json.dumps(leads), encoding='utf-8')
+  directory = str(root / 'wiki_leads')
+  corpus.build_corpus(directory, tokenizer, wiki_leads_json=str(source),
+                      blocks_per_shard=25)
+  salient_spans.annotate_corpus(directory, tokenizer, num_processes=1,
+                                validation_per_mille=200)
+  return str(root)

@@ -1,0 +1,79 @@
+"""Masking covers exactly the chosen wordpieces; the source block is kept."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_jax.data import masking, salient_spans
+
+
+@pytest.fixture(scope='module')
+def annotated(small_corpus):
+  path = os.path.join(small_corpus, 'wiki_leads', 'annotated',
+                      'train.tfrecord')
+  return list(tf.data.TFRecordDataset(path).map(
+      salient_spans.parse_annotated_block).take(12))
+
+
+def _seed(i):
+  return tf.constant([i, 3], tf.int64)
+
+
+def test_salient_mask_covers_exactly_the_span(annotated, tokenizer):
+  for i, block in enumerate(annotated):
+    out = masking.salient_span_mask(block, _seed(i), tokenizer)
+    query = out['query_token_ids'].numpy()
+    positions = out['mlm_positions'].numpy()
+    assert query[0] == tokenizer.cls_id and query[-1] == tokenizer.sep_id
+    assert len(query) <= 96
+    assert np.all(query[positions] == tokenizer.mask_id)
+    assert np.sum(query == tokenizer.mask_id) == len(positions)
+    assert np.all(np.diff(positions) == 1)  # One contiguous span.
+    # The targets spell one of the block's salient spans.
+    body = block['body'].numpy()
+    spans = [body[s:e] for s, e in zip(block['span_starts'].numpy(),
+                                       block['span_ends'].numpy())]
+    target_text = tokenizer.detokenize(out['mlm_targets']).numpy()
+    assert target_text in [tokenizer.detokenize(
+        tokenizer.tokenize([s])[0]).numpy() for s in spans]
+    # The trivial candidate to exclude is the query's own block.
+    assert int(out['block_id']) == int(block['block_id'])
+
+
+def _sentence_tokens(block, tokenizer):
+  body = block['body'].numpy()
+  return [tokenizer.tokenize([body[s:e]])[0].numpy().tolist()[:94]
+          for s, e in zip(block['sentence_starts'].numpy(),
+                          block['sentence_ends'].numpy())]
+
+
+@pytest.mark.parametrize('name', ['random_uniform', 'random_span'])
+def test_random_masks_target_the_original_wordpieces(annotated, tokenizer,
+                                                     name):
+  rates = []
+  for i, block in enumerate(annotated):
+    out = masking.MASKING_FUNCTIONS[name](block, _seed(i), tokenizer)
+    query = out['query_token_ids'].numpy()[1:-1]
+    positions = out['mlm_positions'].numpy() - 1
+    targets = out['mlm_targets'].numpy()
+    original = next(s for s in _sentence_tokens(block, tokenizer)
+                    if len(s) == len(query) and all(
+                        s[p] == t for p, t in zip(positions, targets)))
+    unmasked = np.setdiff1d(np.arange(len(query)), positions)
+    np.testing.assert_array_equal(query[unmasked],
+                                  np.asarray(original)[unmasked])
+    rates.append(len(positions) / len(query))
+    if name == 'random_span':
+      assert np.all(query[positions] == tokenizer.mask_id)
+      assert len(positions) <= max(1, round(0.15 * len(query)))
+  assert 0.08 < np.mean(rates) < 0.25
+
+
+def test_masks_are_deterministic_for_a_seed(annotated, tokenizer):
+  for name, function in masking.MASKING_FUNCTIONS.items():
+    a = function(annotated[0], _seed(7), tokenizer)
+    b = function(annotated[0], _seed(7), tokenizer)
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=name)
