@@ -1,9 +1,28 @@
-"""Chunked exact MIPS equals brute force."""
+"""Exact MIPS equals numpy brute force: chunks, shards, ties, exclusions."""
 
+import jax
 import numpy as np
 import pytest
 
-from realm_jax.index.exact import exact_search
+from realm_jax.index.exact import ExactSearcher, exact_search
+
+
+def _brute_force(queries, docs, k, exclude=None):
+  scores = (queries.astype(np.float64) @ docs.T.astype(np.float64))
+  if exclude is not None:
+    for row, ids in enumerate(exclude.reshape(len(queries), -1)):
+      scores[row, ids[ids >= 0]] = -np.inf
+  ids = np.argsort(-scores, axis=1, kind='stable')[:, :k]  # Ties: lower id.
+  return np.take_along_axis(scores, ids, 1), ids
+
+
+def _data(num_docs, seed=0, ties=False):
+  rng = np.random.default_rng(seed)
+  if ties:  # Small integers: many exactly equal scores.
+    return (rng.integers(-2, 3, (9, 8)).astype(np.float32),
+            rng.integers(-2, 3, (num_docs, 8)).astype(np.float32))
+  return (rng.standard_normal((9, 16)).astype(np.float32),
+          rng.standard_normal((num_docs, 16)).astype(np.float32))
 
 
 @pytest.mark.parametrize('num_docs,chunk_size,k', [
@@ -11,18 +30,38 @@ from realm_jax.index.exact import exact_search
     (100, 1000, 8),  # One chunk.
     (50, 4, 10),     # k larger than a chunk.
 ])
-def test_matches_brute_force(num_docs, chunk_size, k):
-  rng = np.random.default_rng(num_docs + k)
-  queries = rng.standard_normal((7, 16)).astype(np.float32)
-  docs = rng.standard_normal((num_docs, 16)).astype(np.float32)
+def test_single_device_matches_brute_force(num_docs, chunk_size, k):
+  queries, docs = _data(num_docs)
   scores, ids = exact_search(queries, docs, k=k, chunk_size=chunk_size)
-  full = queries @ docs.T
-  expected_ids = np.argsort(-full, axis=1)[:, :k]
+  expected_scores, expected_ids = _brute_force(queries, docs, k)
   np.testing.assert_array_equal(ids, expected_ids)
-  np.testing.assert_allclose(scores, np.take_along_axis(full, expected_ids, 1),
-                             rtol=1e-5)
+  np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
+@pytest.mark.parametrize('num_devices', [1, 8])
+@pytest.mark.parametrize('ties', [False, True])
+def test_sharded_search_with_ties_and_exclusions(num_devices, ties):
+  queries, docs = _data(203, seed=num_devices, ties=ties)  # 203: uneven shards.
+  searcher = ExactSearcher(docs, devices=jax.devices()[:num_devices],
+                           chunk_size=10)
+  exclude = np.random.default_rng(1).integers(-1, 203, (9, 2))
+  for k, excluded in ((8, None), (8, exclude), (30, exclude[:, 0])):
+    scores, ids = searcher.search(queries, k, excluded)
+    expected_scores, expected_ids = _brute_force(queries, docs, k, excluded)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
+def test_eight_shards_equal_one():
+  queries, docs = _data(1000, seed=3)
+  one = ExactSearcher(docs, devices=jax.devices()[:1]).search(queries, 8)
+  eight = ExactSearcher(docs, devices=jax.devices()[:8]).search(queries, 8)
+  np.testing.assert_array_equal(one[1], eight[1])
+  np.testing.assert_allclose(one[0], eight[0], rtol=1e-6)
 
 
 def test_k_above_the_document_count_is_an_error():
   with pytest.raises(ValueError, match='k=11'):
     exact_search(np.ones((1, 4), np.float32), np.ones((10, 4), np.float32), k=11)
+  with pytest.raises(ValueError, match='k=11'):
+    ExactSearcher(np.ones((10, 4), np.float32)).search(np.ones((1, 4)), 11)

@@ -1,44 +1,42 @@
-"""Exact maximum inner product search: chunked matmul plus a running top-k.
+"""Exact maximum inner product search in JAX, sharded over the devices.
 
-Scores are computed one chunk of documents at a time and merged into the
-running top-k, so memory is [queries x chunk_size], never [queries x N].
+The document embeddings are split row-wise over a 1-D device mesh. Each device
+scores its rows one chunk at a time, keeping a running top-k, so memory is
+[queries x chunk_size], never [queries x N]; the per-device top-k lists are
+then gathered and merged. Ties go to the lower document id, as a stable sort
+would order them. Excluded ids (the trivial candidate) score -inf.
 """
 
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+AXIS = 'index'
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'chunk_size'))
-def exact_search(queries, embeddings, k: int, chunk_size: int = 65536):
-  """Top-k inner products of each query over all document embeddings.
-
-  Args:
-    queries: [Q, D] query embeddings.
-    embeddings: [N, D] document embeddings (N >= k).
-    k: neighbours per query.
-    chunk_size: documents scored at once.
-
-  Returns:
-    (scores [Q, k] float32, ids [Q, k] int32), best first.
-  """
-  num_docs, dim = embeddings.shape
-  if not 0 < k <= num_docs:
-    raise ValueError(f'k={k} must be in [1, {num_docs}] (the document count).')
-  chunk_size = min(chunk_size, num_docs)
-  num_chunks = -(-num_docs // chunk_size)
-  padded = jnp.pad(embeddings, ((0, num_chunks * chunk_size - num_docs), (0, 0)))
-  chunks = padded.reshape(num_chunks, chunk_size, dim)
+def _top_k_of_rows(queries, rows, first_id, num_docs, exclude_ids, k: int,
+                   chunk_size: int):
+  """Running top-k over `rows` (ids first_id...), chunk by chunk."""
+  num_rows, dim = rows.shape
+  chunk_size = min(chunk_size, num_rows)
+  num_chunks = -(-num_rows // chunk_size)
+  rows = jnp.pad(rows, ((0, num_chunks * chunk_size - num_rows), (0, 0)))
+  chunks = rows.reshape(num_chunks, chunk_size, dim)
   chunk_k = min(k, chunk_size)
 
   def merge(best, chunk_and_start):
     chunk, start = chunk_and_start
     scores = jnp.einsum('qd,nd->qn', queries, chunk,
                         preferred_element_type=jnp.float32)
-    ids = start + jnp.arange(chunk_size, dtype=jnp.int32)
-    scores = jnp.where(ids < num_docs, scores, -jnp.inf)
-    scores, top = jax.lax.top_k(scores, chunk_k)
+    ids = first_id + start + jnp.arange(chunk_size, dtype=jnp.int32)
+    valid = (start + jnp.arange(chunk_size) < num_rows) & (ids < num_docs)
+    valid = valid[None, :] & ~jnp.any(
+        ids[None, :, None] == exclude_ids[:, None, :], axis=-1)
+    scores, top = jax.lax.top_k(jnp.where(valid, scores, -jnp.inf), chunk_k)
+    # Earlier (lower-id) candidates come first, so top_k keeps them on ties.
     all_scores = jnp.concatenate([best[0], scores], axis=1)
     all_ids = jnp.concatenate([best[1], ids[top]], axis=1)
     merged, pick = jax.lax.top_k(all_scores, k)
@@ -49,3 +47,71 @@ def exact_search(queries, embeddings, k: int, chunk_size: int = 65536):
   starts = jnp.arange(num_chunks, dtype=jnp.int32) * chunk_size
   (scores, ids), _ = jax.lax.scan(merge, init, (chunks, starts))
   return scores, ids
+
+
+@functools.partial(jax.jit, static_argnames=('k', 'chunk_size'))
+def exact_search(queries, embeddings, k: int, exclude_ids=None,
+                 chunk_size: int = 65536):
+  """Top-k inner products on one device: (scores [Q, k], ids [Q, k])."""
+  num_docs = embeddings.shape[0]
+  if not 0 < k <= num_docs:
+    raise ValueError(f'k={k} must be in [1, {num_docs}] (the document count).')
+  if exclude_ids is None:
+    exclude_ids = jnp.full((queries.shape[0], 1), -1, jnp.int32)
+  return _top_k_of_rows(queries, embeddings, 0, num_docs,
+                        jnp.asarray(exclude_ids, jnp.int32), k, chunk_size)
+
+
+class ExactSearcher:
+  """Exact MIPS over embeddings sharded row-wise across `devices`."""
+
+  def __init__(self, embeddings, devices=None, chunk_size: int = 65536):
+    devices = list(devices if devices is not None else jax.devices())
+    self.num_docs, self.dim = embeddings.shape
+    self.mesh = jax.make_mesh((len(devices),), (AXIS,),
+                              (jax.sharding.AxisType.Explicit,),
+                              devices=devices)
+    rows_per_shard = -(-self.num_docs // len(devices))
+    padded = np.zeros((rows_per_shard * len(devices), self.dim),
+                      np.asarray(embeddings).dtype)
+    padded[:self.num_docs] = np.asarray(embeddings)
+    self.embeddings = jax.device_put(padded, NamedSharding(self.mesh, P(AXIS)))
+    self._chunk_size = chunk_size
+    self._search = {}
+
+  def _searcher(self, k: int):
+    if k not in self._search:
+      num_docs, chunk_size = self.num_docs, self._chunk_size
+
+      def shard_top_k(queries, rows, exclude_ids):
+        first_id = jax.lax.axis_index(AXIS) * rows.shape[0]
+        scores, ids = _top_k_of_rows(queries, rows, first_id, num_docs,
+                                     exclude_ids, min(k, rows.shape[0]),
+                                     chunk_size)
+        # [shards, Q, k] in shard order: lower ids first, for stable ties.
+        scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
+        ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
+        merged, pick = jax.lax.top_k(scores, k)
+        return merged, jnp.take_along_axis(ids, pick, axis=1)
+
+      self._search[k] = jax.jit(jax.shard_map(
+          shard_top_k, mesh=self.mesh, in_specs=(P(), P(AXIS), P()),
+          out_specs=(P(), P()), check_vma=False))
+    return self._search[k]
+
+  def search(self, query_embeddings, k: int, exclude_ids=None):
+    """(scores [Q, k] float32, ids [Q, k] int32) as numpy, best first.
+
+    exclude_ids: [Q] or [Q, E] ids never to return (e.g. the query's own
+    block); negative entries exclude nothing.
+    """
+    if not 0 < k <= self.num_docs:
+      raise ValueError(f'k={k} must be in [1, {self.num_docs}].')
+    queries = np.asarray(query_embeddings, self.embeddings.dtype)
+    exclude = np.full((len(queries), 1), -1, np.int32) if exclude_ids is None \
+        else np.asarray(exclude_ids, np.int32).reshape(len(queries), -1)
+    replicated = NamedSharding(self.mesh, P())
+    scores, ids = self._searcher(k)(jax.device_put(queries, replicated),
+                                    self.embeddings,
+                                    jax.device_put(exclude, replicated))
+    return np.asarray(scores), np.asarray(ids)
