@@ -53,7 +53,101 @@ def _parser() -> argparse.ArgumentParser:
   annotate.add_argument('--vocab', default=None)
   annotate.add_argument('--num_processes', type=int,
                         default=os.cpu_count() or 1)
+
+  def add_gin(command, default_gin):
+    command.add_argument('--gin_file', action='append', default=None,
+                         help=f'gin config (repeatable; default {default_gin}).')
+    command.add_argument('--gin_bindings', action='append', default=[],
+                         help="e.g. \"BertConfig.dtype = 'bfloat16'\".")
+
+  embed = commands.add_parser(
+      'embed', help='Embed every block of a corpus with the document tower.')
+  embed.add_argument('--corpus_dir', default=None,
+                     help='Default: the wiki_leads corpus directory.')
+  embed.add_argument('--output_dir', default=None,
+                     help='Index directory (default: model_dir/index, else '
+                     'runs/embed/index).')
+  embed.add_argument('--model_dir', default=None,
+                     help='Use the newest trainer checkpoint here; default: '
+                     'warm start the towers from --bert_dir.')
+  embed.add_argument('--bert_dir', default=None,
+                     help='HF-format BERT weights (default: embedded MiniLM).')
+  embed.add_argument('--batch_size', type=int, default=64)
+  add_gin(embed, 'gin/models/minilm_l6.gin')
+
+  refresh = commands.add_parser(
+      'refresh', help='The index builder: re-embed and publish every new '
+      'trainer checkpoint until training is done.')
+  refresh.add_argument('--model_dir', required=True)
+  refresh.add_argument('--corpus_dir', default=None)
+  refresh.add_argument('--searcher', choices=('exact', 'scann'),
+                       default='exact')
+  refresh.add_argument('--poll_seconds', type=float, default=2.0)
+  refresh.add_argument('--batch_size', type=int, default=64)
+  add_gin(refresh, 'gin/models/minilm_l6.gin')
   return parser
+
+
+_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'gin')
+
+
+def _parse_gin(args) -> None:
+  import gin  # pylint: disable=g-import-not-at-top
+  import realm_jax.models.realm  # pylint: disable=g-import-not-at-top,unused-import
+  files = args.gin_file or [os.path.join(_GIN_DIR, 'models', 'minilm_l6.gin')]
+  gin.parse_config_files_and_bindings(files, args.gin_bindings)
+
+
+def _corpus_dir(args) -> str:
+  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  return args.corpus_dir or corpus.corpus_dir('wiki_leads')
+
+
+def _embed(args) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from realm_jax import embedded  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import embed, publication, refresh  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import pretrained  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.retriever import init_retriever_params  # pylint: disable=g-import-not-at-top
+  _parse_gin(args)
+  retriever = refresh.model_retriever()
+  corpus_dir = _corpus_dir(args)
+  if args.model_dir:
+    checkpoints = ocp.CheckpointManager(
+        publication.checkpoints_dir(args.model_dir),
+        options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    step = checkpoints.latest_step()
+    if step is None:
+      raise FileNotFoundError(f'No trainer checkpoint in {args.model_dir}.')
+    params = checkpoints.restore(step, args=ocp.args.Composite(**{
+        publication.RETRIEVER_ITEM: ocp.args.StandardRestore()}))[
+            publication.RETRIEVER_ITEM]
+  else:
+    step = 0  # The warm start: pretrained BERT towers, fresh projection.
+    bert = pretrained.load_bert_params(args.bert_dir or embedded.minilm_dir(),
+                                       retriever.config)
+    params = init_retriever_params(retriever, jax.random.key(0), bert)
+  arrays = embed.block_arrays(corpus_dir)
+  embedder = embed.DocumentEmbedder(retriever, args.batch_size)
+  embeddings, docs_per_s = embed.embed_corpus(embedder, params, arrays)
+  output = args.output_dir or publication.index_dir(
+      args.model_dir or os.path.join('runs', 'embed'))
+  manager = publication.index_manager(output)
+  publication.publish(manager, step, embeddings, publication.index_metadata(
+      corpus.load_metadata(corpus_dir), embeddings, step, 'exact'))
+  print(f'{len(embeddings):,} blocks embedded at {docs_per_s:,.1f} docs/s on '
+        f'{jax.device_count()} {jax.devices()[0].platform} device(s) '
+        f'({retriever.config.dtype.name}); index step {step} in {output}')
+
+
+def _refresh(args) -> None:
+  from realm_jax.index import refresh  # pylint: disable=g-import-not-at-top
+  _parse_gin(args)
+  refresh.run_refresh(args.model_dir, _corpus_dir(args), args.searcher,
+                      args.poll_seconds, args.batch_size)
 
 
 def _tokenizer(vocab):
@@ -88,6 +182,10 @@ def main(argv=None) -> int:
     demo.run(**kwargs)
   elif args.command == 'data':
     _data(args)
+  elif args.command == 'embed':
+    _embed(args)
+  elif args.command == 'refresh':
+    _refresh(args)
   return 0
 
 

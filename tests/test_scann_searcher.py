@@ -26,6 +26,7 @@ def test_recall_at_8_on_100k_random_vectors():
 def test_exclusions_and_serialization(tmp_path):
   rng = np.random.default_rng(1)
   docs = rng.standard_normal((3_000, 32)).astype(np.float32)
+  docs /= np.linalg.norm(docs, axis=1, keepdims=True)
   queries = docs[:20] * 3  # Each query's best match is its own document.
   searcher = build_scann(docs)
   _, ids = searcher.search(queries, 8)

@@ -9,6 +9,7 @@ Excluded ids are honoured by over-fetching and filtering.
 """
 
 import os
+import re
 
 import gin
 import numpy as np
@@ -51,10 +52,21 @@ class ScannSearcher:
 
   @classmethod
   def load(cls, directory: str) -> 'ScannSearcher':
-    import scann  # pylint: disable=g-import-not-at-top
+    """Loads a serialized index, wherever its directory has moved since.
+
+    ScaNN records absolute asset paths, which a checkpoint's final rename
+    invalidates; they are re-pointed into `directory`.
+    """
+    from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
     with open(os.path.join(directory, 'num_docs')) as f:
       num_docs = int(f.read())
-    return cls(scann.scann_ops_pybind.load_searcher(directory), num_docs)
+    with open(os.path.join(directory, 'scann_assets.pbtxt')) as f:
+      assets = re.sub(
+          r'asset_path: "([^"]*)"',
+          lambda m: f'asset_path: "{os.path.join(directory, os.path.basename(m.group(1)))}"',
+          f.read())
+    numpy_searcher = scann_ops_pybind.scann_pybind.ScannNumpy(directory, assets)
+    return cls(scann_ops_pybind.ScannSearcher(numpy_searcher), num_docs)
 
 
 @gin.configurable

@@ -6,6 +6,7 @@ embeddings are recomputed here with the current parameters, so the gradient
 reaches the document tower even though the index that found them is stale.
 """
 
+import gin
 from flax import linen as nn
 
 from realm_jax.models.bert import BertConfig
@@ -73,3 +74,11 @@ class Realm(nn.Module):
     logits, spans = self.reader(self.reader_inputs(query, candidates),
                                 mlm_positions, deterministic)
     return scores, logits, spans
+
+
+@gin.configurable
+def build_realm(retriever_config: BertConfig | None = None,
+                reader_config: BertConfig | None = None, **kwargs) -> Realm:
+  """The gin entry point: `Realm` with BERT-base towers unless configured."""
+  return Realm(retriever_config or BertConfig(), reader_config or BertConfig(),
+               **kwargs)

@@ -83,3 +83,20 @@ class Retriever(nn.Module):
 def relevance(query_embedding, document_embedding):
   """f(x, z): [batch, D] . [batch, k, D] -> [batch, k]."""
   return jnp.einsum('bd,bkd->bk', query_embedding, document_embedding)
+
+
+def init_retriever_params(retriever: Retriever, rng, bert_params=None,
+                          query_length: int = 8, document_length: int = 8):
+  """Fresh retriever parameters; each tower's BERT replaced by `bert_params`.
+
+  The warm start of the paper's towers from pretrained BERT (the projection
+  and its LayerNorm start fresh).
+  """
+  ones = lambda *shape: {k: jnp.ones(shape, jnp.int32) for k in (
+      'token_ids', 'input_mask', 'token_type_ids')}
+  params = nn.meta.unbox(retriever.init(
+      rng, ones(1, query_length), ones(1, 1, document_length)))['params']
+  if bert_params is not None:
+    params = {tower: {**tree, 'bert': bert_params}
+              for tower, tree in params.items()}
+  return params

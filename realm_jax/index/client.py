@@ -1,0 +1,69 @@
+"""The trainer's side of the hand-over: the newest published index, swapped in.
+
+The client looks for a newer index at most every `refresh_interval_steps`
+(times `stale_factor`, the knob of the paper's stale-MIPS ablation: 30 makes
+the index 30x staler), loads it whole, checks it belongs to this corpus and
+model, and only then swaps it in. Until a first index exists it looks at every
+call. Staleness is the trainer step minus the step of the parameters that
+embedded the index.
+"""
+
+import os
+
+import gin
+
+from realm_jax.index import publication
+
+
+@gin.configurable
+class IndexClient:
+  """Serves `search` from the newest compatible index of a model_dir."""
+
+  def __init__(self, model_dir: str, corpus_metadata: dict, dim: int,
+               refresh_interval_steps: int = 500, stale_factor: int = 1,
+               searcher: str = 'exact', devices=None):
+    self.model_dir = model_dir
+    self.corpus_metadata = corpus_metadata
+    self.dim = dim
+    self.interval = refresh_interval_steps * stale_factor
+    self.searcher_kind = searcher
+    self.devices = devices
+    self.searcher = None
+    self.index_step: int | None = None
+    self.refreshes = 0
+    self._manager = None
+    self._last_check: int | None = None
+
+  def _newest_step(self) -> int | None:
+    if self._manager is None:
+      if not os.path.isdir(publication.index_dir(self.model_dir)):
+        return None
+      self._manager = publication.index_manager(
+          publication.index_dir(self.model_dir), read_only=True)
+    self._manager.reload()
+    return self._manager.latest_step()
+
+  def maybe_refresh(self, step: int) -> bool:
+    """Swaps in a newer index if one is due and published; True if swapped."""
+    if (self.searcher is not None and self._last_check is not None
+        and step - self._last_check < self.interval):
+      return False
+    self._last_check = step
+    newest = self._newest_step()
+    if newest is None or newest == self.index_step:
+      return False
+    searcher, _ = publication.load_index(
+        self._manager, newest, self.corpus_metadata, self.dim,
+        self.searcher_kind, self.devices)
+    self.searcher, self.index_step = searcher, newest
+    self.refreshes += 1
+    return True
+
+  def staleness(self, step: int) -> int | None:
+    return None if self.index_step is None else step - self.index_step
+
+  def search(self, query_embeddings, k: int, exclude_ids=None):
+    if self.searcher is None:
+      raise RuntimeError(f'No index published under '
+                         f'{publication.index_dir(self.model_dir)} yet.')
+    return self.searcher.search(query_embeddings, k, exclude_ids)

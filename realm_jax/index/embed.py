@@ -1,0 +1,100 @@
+"""Embedding every block of a corpus with the document tower.
+
+The block batch is sharded over all devices of a 1-D data mesh and the tower
+runs under one jit. With several JAX processes each one embeds its own
+contiguous range of blocks. Blocks are sorted by length and padded to a
+multiple of 32 wordpieces, so little compute goes to padding and only a few
+shapes compile.
+"""
+
+import time
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from realm_jax.data import corpus
+from realm_jax.models.retriever import Retriever
+from realm_jax.progress import Progress
+
+_LENGTH_BUCKET = 32
+
+
+def block_arrays(corpus_dir: str, start: int = 0, stop: int | None = None,
+                 max_length: int | None = None) -> dict[str, np.ndarray]:
+  """token_ids/token_type_ids/input_mask [n, L] of blocks [start, stop)."""
+  meta = corpus.load_metadata(corpus_dir)
+  stop = meta['num_blocks'] if stop is None else stop
+  length = max_length or meta['max_block_length']
+  arrays = {k: np.zeros((stop - start, length), np.int32)
+            for k in ('token_ids', 'token_type_ids', 'input_mask')}
+  blocks = corpus.read_blocks(corpus_dir).skip(start).take(stop - start)
+  for row, block in enumerate(blocks.as_numpy_iterator()):
+    ids = block['token_ids'][:length]
+    arrays['token_ids'][row, :len(ids)] = ids
+    arrays['input_mask'][row, :len(ids)] = 1
+    arrays['token_type_ids'][row, block['title_length'] + 2:len(ids)] = 1
+  return arrays
+
+
+def process_range(num_blocks: int) -> tuple[int, int]:
+  """This process's contiguous share of the blocks."""
+  per_process = -(-num_blocks // jax.process_count())
+  start = min(num_blocks, jax.process_index() * per_process)
+  return start, min(num_blocks, start + per_process)
+
+
+class DocumentEmbedder:
+  """Embed_doc(z) for many blocks, batch-sharded over the local devices."""
+
+  def __init__(self, retriever: Retriever, batch_size: int = 64, devices=None):
+    devices = list(devices if devices is not None else jax.local_devices())
+    if batch_size % len(devices):
+      raise ValueError(f'batch_size={batch_size} must divide over '
+                       f'{len(devices)} devices.')
+    self.batch_size = batch_size
+    self.mesh = jax.make_mesh((len(devices),), ('data',),
+                              (jax.sharding.AxisType.Auto,), devices=devices)
+    self._sharding = NamedSharding(self.mesh, P('data'))
+    replicated = NamedSharding(self.mesh, P())
+    self._embed = jax.jit(
+        lambda params, batch: retriever.apply(
+            {'params': params}, batch['token_ids'], batch['input_mask'],
+            batch['token_type_ids'], method='embed_documents'),
+        in_shardings=(replicated, self._sharding),
+        out_shardings=self._sharding)
+    self._replicated = replicated
+
+  def __call__(self, params, arrays: dict[str, np.ndarray],
+               progress: Progress | None = None) -> np.ndarray:
+    """[n, D] float32 embeddings of the blocks in `arrays`."""
+    params = jax.device_put(params, self._replicated)
+    lengths = arrays['input_mask'].sum(axis=1)
+    order = np.argsort(lengths, kind='stable')
+    out = None
+    for start in range(0, len(order), self.batch_size):
+      rows = order[start:start + self.batch_size]
+      width = min(arrays['token_ids'].shape[1],
+                  -(-int(lengths[rows].max()) // _LENGTH_BUCKET)
+                  * _LENGTH_BUCKET)
+      # Pad the last batch with copies: one compiled shape per width.
+      take = np.concatenate([rows, np.repeat(rows[-1:],
+                                             self.batch_size - len(rows))])
+      batch = {k: jax.device_put(v[take, :width], self._sharding)
+               for k, v in arrays.items()}
+      embedded = np.asarray(self._embed(params, batch))[:len(rows)]
+      if out is None:
+        out = np.zeros((len(order), embedded.shape[1]), np.float32)
+      out[rows] = embedded
+      if progress is not None:
+        progress.update(len(rows))
+    return out
+
+
+def embed_corpus(embedder: DocumentEmbedder, params, arrays) -> tuple[
+    np.ndarray, float]:
+  """(embeddings, docs/s), with progress lines."""
+  progress = Progress('embedded', len(arrays['token_ids']), unit='docs')
+  start = time.perf_counter()
+  embeddings = embedder(params, arrays, progress)
+  return embeddings, len(embeddings) / max(time.perf_counter() - start, 1e-9)

@@ -1,0 +1,146 @@
+"""The hand-over between the trainer and the index builder, through Orbax.
+
+Both jobs share one model_dir:
+  model_dir/checkpoints/<step>/   the trainer's checkpoints; the item
+                                  `retriever_params` holds the towers.
+  model_dir/index/<step>/         the builder's published indexes, `step` being
+                                  the trainer step whose parameters embedded
+                                  the corpus: items `embeddings` ([N, D]),
+                                  `metadata` (JSON) and, for ScaNN, `scann`.
+  model_dir/checkpoints/TRAINING_DONE   written by the trainer when it ends.
+Orbax writes each step into a temporary directory and renames it when
+complete, so a reader never sees a partial index or checkpoint.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from realm_jax.index.exact import ExactSearcher
+from realm_jax.index.scann_searcher import ScannSearcher, build_scann
+
+CHECKPOINTS = 'checkpoints'
+INDEX = 'index'
+RETRIEVER_ITEM = 'retriever_params'
+DONE_MARKER = 'TRAINING_DONE'
+SEARCHERS = ('exact', 'scann')
+
+
+class IndexMismatchError(ValueError):
+  """A published index that does not belong to this corpus or model."""
+
+
+def checkpoints_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, CHECKPOINTS)
+
+
+def index_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, INDEX)
+
+
+def mark_training_done(model_dir: str) -> None:
+  path = epath.Path(checkpoints_dir(model_dir))
+  path.mkdir(parents=True, exist_ok=True)
+  (path / DONE_MARKER).write_text('done\n')
+
+
+def training_done(model_dir: str) -> bool:
+  return (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).exists()
+
+
+class ScannHandler(ocp.CheckpointHandler):
+  """Stores a ScaNN index as its own serialized files inside a checkpoint."""
+
+  def save(self, directory: epath.Path, args: 'ScannSave') -> None:
+    args.searcher.serialize(str(directory))
+
+  def restore(self, directory: epath.Path,
+              args: 'ScannRestore | None' = None) -> ScannSearcher:
+    return ScannSearcher.load(str(directory))
+
+  def metadata(self, directory: epath.Path) -> None:
+    return None
+
+
+@ocp.args.register_with_handler(ScannHandler, for_save=True)
+@dataclasses.dataclass
+class ScannSave(ocp.args.CheckpointArgs):
+  searcher: ScannSearcher
+
+
+@ocp.args.register_with_handler(ScannHandler, for_restore=True)
+@dataclasses.dataclass
+class ScannRestore(ocp.args.CheckpointArgs):
+  pass
+
+
+def index_manager(directory: str, read_only: bool = False,
+                  max_to_keep: int = 3) -> ocp.CheckpointManager:
+  """Orbax manager of an index directory (usually `index_dir(model_dir)`)."""
+  return ocp.CheckpointManager(
+      directory,
+      options=ocp.CheckpointManagerOptions(
+          read_only=read_only, max_to_keep=None if read_only else max_to_keep,
+          create=not read_only, enable_async_checkpointing=False,
+          cleanup_tmp_directories=not read_only))
+
+
+def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
+                   searcher: str) -> dict:
+  return {
+      'step': int(step),
+      'corpus_fingerprint': corpus_metadata['corpus_fingerprint'],
+      'num_blocks': int(embeddings.shape[0]),
+      'dim': int(embeddings.shape[1]),
+      'dtype': str(embeddings.dtype),
+      'searcher': searcher,
+  }
+
+
+def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
+            metadata: dict, scann: ScannSearcher | None = None) -> None:
+  """Saves one index as step `step`; visible to readers only once complete."""
+  items = {'embeddings': ocp.args.StandardSave({'embeddings': embeddings}),
+           'metadata': ocp.args.JsonSave(metadata)}
+  if scann is not None:
+    items['scann'] = ScannSave(scann)
+  manager.save(step, args=ocp.args.Composite(**items), force=True)
+  manager.wait_until_finished()
+
+
+def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
+                     where: str) -> None:
+  """Refuses an index for another corpus, block count or embedding size."""
+  problems = []
+  if metadata['corpus_fingerprint'] != corpus_metadata['corpus_fingerprint']:
+    problems.append(f'corpus fingerprint {metadata["corpus_fingerprint"][:12]}'
+                    f'... != {corpus_metadata["corpus_fingerprint"][:12]}...')
+  if metadata['num_blocks'] != corpus_metadata['num_blocks']:
+    problems.append(f'{metadata["num_blocks"]:,} blocks != '
+                    f'{corpus_metadata["num_blocks"]:,} in the corpus')
+  if metadata['dim'] != dim:
+    problems.append(f'embedding dim {metadata["dim"]} != {dim} of the model')
+  if problems:
+    raise IndexMismatchError(f'Index {where} does not match: '
+                             + '; '.join(problems) + '.')
+
+
+def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
+               dim: int, searcher: str = 'exact', devices=None):
+  """(searcher, metadata) of a published step, checked against the corpus."""
+  where = os.path.join(str(manager.directory), str(step))
+  metadata = manager.restore(step, args=ocp.args.Composite(
+      metadata=ocp.args.JsonRestore()))['metadata']
+  check_compatible(metadata, corpus_metadata, dim, where)
+  if searcher == 'scann' and metadata['searcher'] == 'scann':
+    loaded = manager.restore(step, args=ocp.args.Composite(
+        scann=ScannRestore()))['scann']
+    return loaded, metadata
+  embeddings = np.asarray(manager.restore(step, args=ocp.args.Composite(
+      embeddings=ocp.args.StandardRestore()))['embeddings']['embeddings'])
+  if searcher == 'scann':
+    return build_scann(embeddings), metadata
+  return ExactSearcher(embeddings, devices=devices), metadata

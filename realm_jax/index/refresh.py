@@ -1,0 +1,89 @@
+"""The index builder (`realm-jax refresh`): a separate process beside training.
+
+It polls the trainer's checkpoints through a read-only Orbax manager; for each
+newer step it restores only the retriever's parameters, re-embeds every block
+with the document tower, builds the searcher and publishes the index under
+model_dir/index with the trainer step as its step. It exits when the trainer
+marks training done and the last step is published. A checkpoint it cannot
+read is logged and retried, never fatal.
+"""
+
+import logging
+import os
+import time
+
+import gin
+import jax
+import orbax.checkpoint as ocp
+
+from realm_jax.data import corpus
+from realm_jax.index import publication
+from realm_jax.index.embed import DocumentEmbedder, block_arrays, embed_corpus
+from realm_jax.index.scann_searcher import build_scann
+from realm_jax.models.realm import build_realm
+from realm_jax.models.retriever import Retriever
+
+
+def model_retriever() -> Retriever:
+  """The retriever of the gin-configured REALM model."""
+  realm = build_realm()
+  return Retriever(realm.retriever_config, realm.projection_size,
+                   realm.share_towers)
+
+
+def _read_only_checkpoints(directory: str, poll_seconds: float):
+  while not os.path.isdir(directory):
+    time.sleep(poll_seconds)
+  return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+      read_only=True, create=False))
+
+
+@gin.configurable
+def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
+                poll_seconds: float = 2.0, batch_size: int = 64,
+                max_to_keep: int = 3) -> int:
+  """Refreshes until training is done; returns the number of publishes."""
+  if searcher not in publication.SEARCHERS:
+    raise ValueError(f'searcher={searcher!r}; expected one of '
+                     f'{publication.SEARCHERS}.')
+  corpus_metadata = corpus.load_metadata(corpus_dir)
+  arrays = block_arrays(corpus_dir)
+  embedder = DocumentEmbedder(model_retriever(), batch_size)
+  index = publication.index_manager(publication.index_dir(model_dir),
+                                     max_to_keep=max_to_keep)
+  checkpoints = _read_only_checkpoints(
+      publication.checkpoints_dir(model_dir), poll_seconds)
+  last = index.latest_step()
+  published = 0
+  print(f'index builder: {corpus_metadata["num_blocks"]:,} blocks, polling '
+        f'{publication.checkpoints_dir(model_dir)} (last index step {last})',
+        flush=True)
+  while True:
+    checkpoints.reload()
+    step = checkpoints.latest_step()
+    if step is not None and (last is None or step > last):
+      start = time.perf_counter()
+      try:
+        params = checkpoints.restore(step, args=ocp.args.Composite(**{
+            publication.RETRIEVER_ITEM: ocp.args.StandardRestore()}))[
+                publication.RETRIEVER_ITEM]
+      except Exception as error:  # pylint: disable=broad-except
+        logging.warning('Cannot read trainer checkpoint %d yet (%s); retrying.',
+                        step, error)
+        time.sleep(poll_seconds)
+        continue
+      embeddings, docs_per_s = embed_corpus(embedder, params, arrays)
+      scann = build_scann(embeddings) if searcher == 'scann' else None
+      publication.publish(index, step, embeddings, publication.index_metadata(
+          corpus_metadata, embeddings, step, searcher), scann)
+      last, published = step, published + 1
+      print(f'published index step {step}: {len(embeddings):,} blocks in '
+            f'{time.perf_counter() - start:.1f}s (embedding {docs_per_s:,.0f} '
+            f'docs/s on {jax.device_count()} {jax.devices()[0].platform} '
+            'device(s))', flush=True)
+      continue
+    if publication.training_done(model_dir):
+      print(f'training done; index builder exits after {published} '
+            'refreshes', flush=True)
+      return published
+    time.sleep(poll_seconds)

@@ -1,0 +1,251 @@
+"""The trainer/index-builder hand-over, with the real `realm-jax refresh` process."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from realm_jax.data import corpus
+from realm_jax.index import publication
+from realm_jax.index.client import IndexClient
+from realm_jax.index.embed import DocumentEmbedder, block_arrays
+from realm_jax.models.bert import BertConfig
+from realm_jax.models.retriever import Retriever, init_retriever_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_GIN = os.path.join(ROOT, 'gin', 'models', 'tiny.gin')
+# gin/models/tiny.gin, as the trainer stand-in builds it.
+TINY = BertConfig(hidden_size=128, num_layers=2, num_heads=2,
+                  intermediate_size=512)
+# Pauses the builder's second publish after it wrote the index metadata, so
+# the test can kill it mid-publish.
+PAUSE_SECOND_PUBLISH = '''
+import sys, time
+import orbax.checkpoint as ocp
+from realm_jax import main
+calls, write = [], ocp.JsonCheckpointHandler.async_save
+async def paused(self, directory, *args, **kwargs):
+  result = await write(self, directory, *args, **kwargs)
+  calls.append(directory)
+  if len(calls) == 2:
+    time.sleep(600)
+  return result
+ocp.JsonCheckpointHandler.async_save = paused
+sys.exit(main.main(sys.argv[1:]))
+'''
+
+
+def _retriever():
+  return Retriever(TINY)
+
+
+def _builder(model_dir, corpus_dir, code=None):
+  args = ['refresh', '--model_dir', model_dir, '--corpus_dir', corpus_dir,
+          '--gin_file', TINY_GIN, '--poll_seconds', '0.2', '--batch_size',
+          '16']
+  command = ([sys.executable, '-c', code] if code else
+             [sys.executable, '-m', 'realm_jax.main']) + args
+  return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+class _Trainer:
+  """Stands in for the trainer: saves retriever params, reads the index."""
+
+  def __init__(self, model_dir, corpus_dir):
+    self.model_dir = model_dir
+    self.checkpoints = ocp.CheckpointManager(
+        publication.checkpoints_dir(model_dir))
+    self.params = init_retriever_params(_retriever(), jax.random.key(0))
+    self.saved = {}
+    self.step = 0  # The trainer's step counter: refreshes look as it grows.
+    self.client = IndexClient(model_dir, corpus.load_metadata(corpus_dir),
+                              dim=128, refresh_interval_steps=1)
+
+  def save(self, step):
+    self.params = jax.tree.map(lambda x: x * 1.01, self.params)
+    self.checkpoints.save(step, args=ocp.args.Composite(**{
+        publication.RETRIEVER_ITEM: ocp.args.StandardSave(self.params)}))
+    self.checkpoints.wait_until_finished()
+    self.saved[step] = self.params
+
+  def wait_for_index(self, index_step, builder, timeout=180):
+    deadline = time.time() + timeout
+    while self.client.index_step != index_step:
+      assert time.time() < deadline, builder.stdout.read()
+      assert builder.poll() is None, builder.stdout.read()
+      self.step += 1
+      self.client.maybe_refresh(self.step)
+      time.sleep(0.1)
+
+
+@pytest.fixture
+def dirs(small_corpus, tmp_path):
+  return str(tmp_path / 'model'), os.path.join(small_corpus, 'wiki_leads')
+
+
+@pytest.mark.slow
+def test_trainer_sees_refreshes_from_the_builder_process(dirs):
+  model_dir, corpus_dir = dirs
+  builder = _builder(model_dir, corpus_dir)
+  trainer = _Trainer(model_dir, corpus_dir)
+  staleness, step, deadline = [], 0, time.time() + 240
+  while trainer.client.refreshes < 3:
+    assert time.time() < deadline and builder.poll() is None, \
+        builder.stdout.read()
+    step += 1
+    if step % 5 == 1:
+      trainer.save(step)
+    trainer.client.maybe_refresh(step)
+    if trainer.client.index_step is not None:
+      staleness.append(trainer.client.staleness(step))
+    time.sleep(0.05)
+  publication.mark_training_done(model_dir)
+  assert builder.wait(timeout=120) == 0
+  log = builder.stdout.read()
+  assert log.count('published index step') >= 3
+  assert 'docs/s' in log and 'training done' in log
+  assert staleness and min(staleness) >= 0 and max(staleness) > 0
+
+  # The builder's embeddings are the document tower's, at the index's step.
+  arrays = block_arrays(corpus_dir)
+  index_step = trainer.client.index_step
+  expected = DocumentEmbedder(_retriever(), 16)(trainer.saved[index_step],
+                                                arrays)
+  manager = publication.index_manager(publication.index_dir(model_dir), True)
+  published = manager.restore(index_step, args=ocp.args.Composite(
+      embeddings=ocp.args.StandardRestore()))['embeddings']['embeddings']
+  np.testing.assert_allclose(published, expected, rtol=1e-4, atol=1e-4)
+  _, ids = trainer.client.search(expected[:3], 4, exclude_ids=[0, 1, 2])
+  assert not np.any(ids == np.arange(3)[:, None])
+
+
+@pytest.mark.slow
+def test_a_builder_killed_mid_publish_leaves_the_previous_index(dirs):
+  model_dir, corpus_dir = dirs
+  trainer = _Trainer(model_dir, corpus_dir)
+  builder = _builder(model_dir, corpus_dir, PAUSE_SECOND_PUBLISH)
+  trainer.save(1)
+  trainer.wait_for_index(1, builder)
+  trainer.save(2)
+  deadline = time.time() + 120
+  index = publication.index_dir(model_dir)
+  while not glob.glob(os.path.join(index, '2.*tmp*')):
+    assert time.time() < deadline and builder.poll() is None
+    time.sleep(0.05)
+  builder.send_signal(signal.SIGKILL)
+  builder.wait()
+
+  trainer.step += 1
+  assert not trainer.client.maybe_refresh(trainer.step)  # 2 is not visible.
+  assert trainer.client.index_step == 1
+  queries = np.ones((1, 128), np.float32)
+  assert trainer.client.search(queries, 2)[1].shape == (1, 2)
+
+  builder = _builder(model_dir, corpus_dir)  # The next refresh succeeds.
+  trainer.wait_for_index(2, builder)
+  publication.mark_training_done(model_dir)
+  assert builder.wait(timeout=120) == 0
+
+
+@pytest.mark.slow
+def test_the_builder_survives_a_killed_trainer(dirs):
+  model_dir, corpus_dir = dirs
+  trainer_code = f'''
+import itertools, sys, time
+sys.path.insert(0, {ROOT!r})
+from tests.test_refresh import _Trainer
+trainer = _Trainer({model_dir!r}, {corpus_dir!r})
+for step in itertools.count(1):
+  trainer.save(step)
+  print(step, flush=True)
+  time.sleep(0.3)
+'''
+  trainer = subprocess.Popen([sys.executable, '-c', trainer_code], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True)
+  assert trainer.stdout.readline().strip() == '1'
+  builder = _builder(model_dir, corpus_dir)
+  client = IndexClient(model_dir, corpus.load_metadata(corpus_dir), dim=128,
+                       refresh_interval_steps=1)
+  deadline, step = time.time() + 180, 0
+  while client.index_step is None:
+    assert time.time() < deadline and builder.poll() is None
+    step += 1
+    client.maybe_refresh(step)
+    time.sleep(0.1)
+  trainer.send_signal(signal.SIGKILL)
+  trainer.wait()
+  checkpoints = ocp.CheckpointManager(
+      publication.checkpoints_dir(model_dir),
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+  last = checkpoints.latest_step()
+  while client.index_step != last:  # The builder catches up, then waits.
+    assert time.time() < deadline and builder.poll() is None, \
+        builder.stdout.read()
+    step += 1
+    client.maybe_refresh(step)
+    time.sleep(0.1)
+  time.sleep(2)
+  assert builder.poll() is None  # Still polling: no crash, no exit.
+  publication.mark_training_done(model_dir)
+  assert builder.wait(timeout=60) == 0
+
+
+def _publish(model_dir, step, embeddings, metadata):
+  manager = publication.index_manager(publication.index_dir(model_dir))
+  publication.publish(manager, step, embeddings, metadata)
+
+
+def test_client_refuses_an_index_of_another_corpus(dirs):
+  model_dir, corpus_dir = dirs
+  meta = corpus.load_metadata(corpus_dir)
+  embeddings = np.zeros((meta['num_blocks'], 128), np.float32)
+  good = publication.index_metadata(meta, embeddings, 1, 'exact')
+  for i, (bad, message) in enumerate((
+      ({'corpus_fingerprint': 'f' * 64}, 'corpus fingerprint'),
+      ({'num_blocks': 7}, 'blocks'),
+      ({'dim': 64}, 'embedding dim 64 != 128'))):
+    _publish(f'{model_dir}{i}', 1, embeddings, {**good, **bad})
+    client = IndexClient(f'{model_dir}{i}', meta, dim=128)
+    with pytest.raises(publication.IndexMismatchError, match=message):
+      client.maybe_refresh(1)
+    assert client.searcher is None
+
+
+def test_stale_factor_multiplies_the_refresh_interval(dirs):
+  model_dir, corpus_dir = dirs
+  meta = corpus.load_metadata(corpus_dir)
+  embeddings = np.random.default_rng(0).standard_normal(
+      (meta['num_blocks'], 128)).astype(np.float32)
+  _publish(model_dir, 1, embeddings,
+           publication.index_metadata(meta, embeddings, 1, 'exact'))
+  client = IndexClient(model_dir, meta, dim=128, refresh_interval_steps=2,
+                       stale_factor=3)
+  assert client.maybe_refresh(1) and client.staleness(4) == 3
+  _publish(model_dir, 2, embeddings,
+           publication.index_metadata(meta, embeddings, 2, 'exact'))
+  assert not any(client.maybe_refresh(step) for step in range(2, 7))
+  assert client.maybe_refresh(7) and client.index_step == 2
+  assert client.staleness(7) == 5
+
+
+def test_scann_indexes_are_published_and_loaded(dirs):
+  model_dir, corpus_dir = dirs
+  meta = corpus.load_metadata(corpus_dir)
+  embeddings = np.random.default_rng(1).standard_normal(
+      (meta['num_blocks'], 128)).astype(np.float32)
+  manager = publication.index_manager(publication.index_dir(model_dir))
+  from realm_jax.index.scann_searcher import build_scann  # pylint: disable=g-import-not-at-top
+  publication.publish(manager, 3, embeddings, publication.index_metadata(
+      meta, embeddings, 3, 'scann'), build_scann(embeddings))
+  client = IndexClient(model_dir, meta, dim=128, searcher='scann')
+  assert client.maybe_refresh(3)
+  _, ids = client.search(embeddings[:2] * 5, 1)
+  np.testing.assert_array_equal(ids[:, 0], [0, 1])
