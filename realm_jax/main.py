@@ -106,7 +106,6 @@ def _corpus_dir(args) -> str:
 
 def _embed(args) -> None:
   import jax  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from realm_jax import embedded  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
   from realm_jax.index import embed, publication, refresh  # pylint: disable=g-import-not-at-top
@@ -116,28 +115,26 @@ def _embed(args) -> None:
   retriever = refresh.model_retriever()
   corpus_dir = _corpus_dir(args)
   if args.model_dir:
-    checkpoints = ocp.CheckpointManager(
-        publication.checkpoints_dir(args.model_dir),
-        options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+    checkpoints = publication.trainer_checkpoints(args.model_dir)
     step = checkpoints.latest_step()
     if step is None:
       raise FileNotFoundError(f'No trainer checkpoint in {args.model_dir}.')
-    params = checkpoints.restore(step, args=ocp.args.Composite(**{
-        publication.RETRIEVER_ITEM: ocp.args.StandardRestore()}))[
-            publication.RETRIEVER_ITEM]
+    params = publication.restore_retriever_params(checkpoints, step)
   else:
     step = 0  # The warm start: pretrained BERT towers, fresh projection.
     bert = pretrained.load_bert_params(args.bert_dir or embedded.minilm_dir(),
                                        retriever.config)
     params = init_retriever_params(retriever, jax.random.key(0), bert)
-  arrays = embed.block_arrays(corpus_dir)
+  corpus_metadata = corpus.load_metadata(corpus_dir)
   embedder = embed.DocumentEmbedder(retriever, args.batch_size)
-  embeddings, docs_per_s = embed.embed_corpus(embedder, params, arrays)
+  embeddings, docs_per_s = embed.embed_corpus(
+      embedder, params, embed.local_block_arrays(corpus_dir),
+      corpus_metadata['num_blocks'])
   output = args.output_dir or publication.index_dir(
       args.model_dir or os.path.join('runs', 'embed'))
   manager = publication.index_manager(output)
   publication.publish(manager, step, embeddings, publication.index_metadata(
-      corpus.load_metadata(corpus_dir), embeddings, step, 'exact'))
+      corpus_metadata, embeddings, step, 'exact'))
   print(f'{len(embeddings):,} blocks embedded at {docs_per_s:,.1f} docs/s on '
         f'{jax.device_count()} {jax.devices()[0].platform} device(s) '
         f'({retriever.config.dtype.name}); index step {step} in {output}')

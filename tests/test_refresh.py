@@ -182,10 +182,7 @@ for step in itertools.count(1):
     time.sleep(0.1)
   trainer.send_signal(signal.SIGKILL)
   trainer.wait()
-  checkpoints = ocp.CheckpointManager(
-      publication.checkpoints_dir(model_dir),
-      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-  last = checkpoints.latest_step()
+  last = publication.trainer_checkpoints(model_dir).latest_step()
   while client.index_step != last:  # The builder catches up, then waits.
     assert time.time() < deadline and builder.poll() is None, \
         builder.stdout.read()

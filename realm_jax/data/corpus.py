@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_jax.data import sources
-from realm_jax.data.skips import SkipReport
+from realm_jax.data.skips import SkipReport, parse_json_line
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.progress import Progress
 
@@ -99,13 +99,8 @@ def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
         where = f'{path}:{number}'
         if not line.strip():
           continue
-        try:
-          row = json.loads(line.decode('utf-8'))
-        except UnicodeDecodeError:
-          report.add('not UTF-8', where)
-          continue
-        except json.JSONDecodeError:
-          report.add('invalid JSON', where)
+        row = parse_json_line(line, where, report)
+        if row is None:
           continue
         if not isinstance(row, dict) or not isinstance(row.get('title'), str) \
             or not isinstance(row.get('text'), str):

@@ -16,7 +16,7 @@ from typing import Iterator, NamedTuple
 
 import gin
 
-from realm_jax.data.skips import SkipReport
+from realm_jax.data.skips import SkipReport, parse_json_line
 from realm_jax.evaluation.metrics import compile_answer_pattern
 
 DATA_DIR_ENV = 'REALM_DATA_DIR'
@@ -27,7 +27,7 @@ class QAExample(NamedTuple):
   answers: tuple[str, ...]
 
 
-def _jsonl(path) -> Iterator[tuple[int, dict]]:
+def _lines(path) -> Iterator[tuple[int, bytes]]:
   with open(path, 'rb') as f:
     for number, line in enumerate(f, 1):
       if line.strip():
@@ -35,22 +35,18 @@ def _jsonl(path) -> Iterator[tuple[int, dict]]:
 
 
 def _read_jsonl(path, report) -> Iterator[tuple[str, str, object]]:
-  for number, raw in _jsonl(path):
+  for number, raw in _lines(path):
     where = f'{path}:{number}'
-    try:
-      row = json.loads(raw.decode('utf-8'))
-    except UnicodeDecodeError:
-      report.add('not UTF-8', where)
-      continue
-    except json.JSONDecodeError:
-      report.add('invalid JSON', where)
-      continue
-    yield where, row.get('question'), row.get('answer')
+    row = parse_json_line(raw, where, report)
+    if isinstance(row, dict):
+      yield where, row.get('question'), row.get('answer')
+    elif row is not None:
+      report.add('not a JSON object', where)
 
 
 def _read_topics_tsv(path, report):
   """Anserini topics: `question<TAB>['answer', ...]` (a Python list)."""
-  for number, raw in _jsonl(path):
+  for number, raw in _lines(path):
     where = f'{path}:{number}'
     try:
       question, answers = raw.decode('utf-8').rstrip('\n').split('\t')
@@ -73,7 +69,7 @@ def _read_web_questions(path, report):
 
 def _read_trec_tsv(path, report):
   """DrQA's CuratedTREC: `id<TAB>factoid<TAB>question<TAB>answer regex`."""
-  for number, raw in _jsonl(path):
+  for number, raw in _lines(path):
     where = f'{path}:{number}'
     try:
       # maxsplit: one pattern in the file holds a tab of its own.

@@ -1,6 +1,7 @@
 """Counting what a long job skipped and why, reported once at its end."""
 
 import collections
+import json
 
 
 class SkipReport:
@@ -36,3 +37,14 @@ class SkipReport:
       lines.append(f'  {reason}: {count:,}' + (f' (e.g. {where})' if where
                                                  else ''))
     return '\n'.join(lines)
+
+
+def parse_json_line(raw: bytes, where: str, report: SkipReport):
+  """One JSONL line, or None after counting why it is unreadable."""
+  try:
+    return json.loads(raw.decode('utf-8'))
+  except UnicodeDecodeError:
+    report.add('not UTF-8', where)
+  except json.JSONDecodeError:
+    report.add('invalid JSON', where)
+  return None

@@ -37,11 +37,27 @@ def block_arrays(corpus_dir: str, start: int = 0, stop: int | None = None,
   return arrays
 
 
-def process_range(num_blocks: int) -> tuple[int, int]:
-  """This process's contiguous share of the blocks."""
-  per_process = -(-num_blocks // jax.process_count())
-  start = min(num_blocks, jax.process_index() * per_process)
-  return start, min(num_blocks, start + per_process)
+def _per_process(num_blocks: int) -> int:
+  return -(-num_blocks // jax.process_count())
+
+
+def local_block_arrays(corpus_dir: str) -> dict[str, np.ndarray]:
+  """This process's contiguous share of the blocks (all of them on one host)."""
+  num_blocks = corpus.load_metadata(corpus_dir)['num_blocks']
+  start = min(num_blocks, jax.process_index() * _per_process(num_blocks))
+  return block_arrays(corpus_dir, start,
+                      min(num_blocks, start + _per_process(num_blocks)))
+
+
+def gather_embeddings(local: np.ndarray, num_blocks: int) -> np.ndarray:
+  """Every process's share, in block order, on every process."""
+  if jax.process_count() == 1:
+    return local
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  padded = np.zeros((_per_process(num_blocks), local.shape[1]), local.dtype)
+  padded[:len(local)] = local
+  return np.asarray(multihost_utils.process_allgather(padded, tiled=True)
+                    )[:num_blocks]
 
 
 class DocumentEmbedder:
@@ -91,10 +107,14 @@ class DocumentEmbedder:
     return out
 
 
-def embed_corpus(embedder: DocumentEmbedder, params, arrays) -> tuple[
-    np.ndarray, float]:
-  """(embeddings, docs/s), with progress lines."""
-  progress = Progress('embedded', len(arrays['token_ids']), unit='docs')
+def embed_corpus(embedder: DocumentEmbedder, params, local_arrays,
+                 num_blocks: int) -> tuple[np.ndarray, float]:
+  """(all [num_blocks, D] embeddings, this process's docs/s), with progress.
+
+  `local_arrays` is this process's share (see `local_block_arrays`).
+  """
+  progress = Progress('embedded', len(local_arrays['token_ids']), unit='docs')
   start = time.perf_counter()
-  embeddings = embedder(params, arrays, progress)
-  return embeddings, len(embeddings) / max(time.perf_counter() - start, 1e-9)
+  local = embedder(params, local_arrays, progress)
+  docs_per_s = len(local) / max(time.perf_counter() - start, 1e-9)
+  return gather_embeddings(local, num_blocks), docs_per_s

@@ -77,6 +77,19 @@ class ScannRestore(ocp.args.CheckpointArgs):
   pass
 
 
+def trainer_checkpoints(model_dir: str) -> ocp.CheckpointManager:
+  """Read-only view of the trainer's checkpoints (`reload()` to see new ones)."""
+  return ocp.CheckpointManager(
+      checkpoints_dir(model_dir),
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+
+
+def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
+  """Only the towers' parameters of a trainer step (not reader or optimizer)."""
+  return checkpoints.restore(step, args=ocp.args.Composite(**{
+      RETRIEVER_ITEM: ocp.args.StandardRestore()}))[RETRIEVER_ITEM]
+
+
 def index_manager(directory: str, read_only: bool = False,
                   max_to_keep: int = 3) -> ocp.CheckpointManager:
   """Orbax manager of an index directory (usually `index_dir(model_dir)`)."""

@@ -14,11 +14,11 @@ import time
 
 import gin
 import jax
-import orbax.checkpoint as ocp
 
 from realm_jax.data import corpus
 from realm_jax.index import publication
-from realm_jax.index.embed import DocumentEmbedder, block_arrays, embed_corpus
+from realm_jax.index.embed import (DocumentEmbedder, embed_corpus,
+                                   local_block_arrays)
 from realm_jax.index.scann_searcher import build_scann
 from realm_jax.models.realm import build_realm
 from realm_jax.models.retriever import Retriever
@@ -31,11 +31,10 @@ def model_retriever() -> Retriever:
                    realm.share_towers)
 
 
-def _read_only_checkpoints(directory: str, poll_seconds: float):
-  while not os.path.isdir(directory):
+def _wait_for_checkpoints(model_dir: str, poll_seconds: float):
+  while not os.path.isdir(publication.checkpoints_dir(model_dir)):
     time.sleep(poll_seconds)
-  return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
-      read_only=True, create=False))
+  return publication.trainer_checkpoints(model_dir)
 
 
 @gin.configurable
@@ -47,12 +46,11 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
     raise ValueError(f'searcher={searcher!r}; expected one of '
                      f'{publication.SEARCHERS}.')
   corpus_metadata = corpus.load_metadata(corpus_dir)
-  arrays = block_arrays(corpus_dir)
+  arrays = local_block_arrays(corpus_dir)
   embedder = DocumentEmbedder(model_retriever(), batch_size)
   index = publication.index_manager(publication.index_dir(model_dir),
                                      max_to_keep=max_to_keep)
-  checkpoints = _read_only_checkpoints(
-      publication.checkpoints_dir(model_dir), poll_seconds)
+  checkpoints = _wait_for_checkpoints(model_dir, poll_seconds)
   last = index.latest_step()
   published = 0
   print(f'index builder: {corpus_metadata["num_blocks"]:,} blocks, polling '
@@ -64,15 +62,14 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
     if step is not None and (last is None or step > last):
       start = time.perf_counter()
       try:
-        params = checkpoints.restore(step, args=ocp.args.Composite(**{
-            publication.RETRIEVER_ITEM: ocp.args.StandardRestore()}))[
-                publication.RETRIEVER_ITEM]
+        params = publication.restore_retriever_params(checkpoints, step)
       except Exception as error:  # pylint: disable=broad-except
         logging.warning('Cannot read trainer checkpoint %d yet (%s); retrying.',
                         step, error)
         time.sleep(poll_seconds)
         continue
-      embeddings, docs_per_s = embed_corpus(embedder, params, arrays)
+      embeddings, docs_per_s = embed_corpus(embedder, params, arrays,
+                                            corpus_metadata['num_blocks'])
       scann = build_scann(embeddings) if searcher == 'scann' else None
       publication.publish(index, step, embeddings, publication.index_metadata(
           corpus_metadata, embeddings, step, searcher), scann)

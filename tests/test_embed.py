@@ -1,0 +1,45 @@
+"""Embedding the corpus: block arrays, batching and sharding change nothing."""
+
+import os
+
+import jax
+import numpy as np
+
+from realm_jax.data import corpus
+from realm_jax.index.embed import (DocumentEmbedder, block_arrays,
+                                   local_block_arrays)
+from realm_jax.models.retriever import Retriever, init_retriever_params
+
+
+def test_block_arrays_are_the_document_tower_inputs(small_corpus, tokenizer):
+  directory = os.path.join(small_corpus, 'wiki_leads')
+  arrays = block_arrays(directory)
+  blocks = list(corpus.read_blocks(directory).as_numpy_iterator())
+  assert len(arrays['token_ids']) == len(blocks)
+  for row in (0, 7, len(blocks) - 1):
+    block = blocks[row]
+    expected = tokenizer.numpy_join([block['title'].decode()],
+                                    [block['body'].decode()], max_length=288)
+    for key in ('token_ids', 'token_type_ids', 'input_mask'):
+      np.testing.assert_array_equal(arrays[key][row], expected[key][0])
+  # One process: its share is every block.
+  np.testing.assert_array_equal(local_block_arrays(directory)['token_ids'],
+                                arrays['token_ids'])
+
+
+def test_embeddings_do_not_depend_on_batching_or_devices(small_corpus,
+                                                         tiny_config):
+  arrays = block_arrays(os.path.join(small_corpus, 'wiki_leads'),
+                        max_length=24, stop=20)
+  arrays['token_ids'] %= tiny_config.vocab_size  # The tiny test vocab.
+  retriever = Retriever(tiny_config, projection_size=16)
+  params = init_retriever_params(retriever, jax.random.key(0))
+  direct = np.asarray(retriever.apply(
+      {'params': params}, arrays['token_ids'], arrays['input_mask'],
+      arrays['token_type_ids'], method='embed_documents'))
+  one = DocumentEmbedder(retriever, 8, devices=jax.devices()[:1])(params,
+                                                                  arrays)
+  eight = DocumentEmbedder(retriever, 8, devices=jax.devices()[:8])(params,
+                                                                    arrays)
+  np.testing.assert_allclose(one, direct, atol=1e-4)
+  np.testing.assert_allclose(eight, direct, atol=1e-4)
