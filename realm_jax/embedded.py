@@ -58,4 +58,4 @@ def ner_model_dir() -> str:
                     and os.path.isdir(os.path.join(root, d)))
   if not versions:
     raise FileNotFoundError(f'No spaCy model data directory under {root}.')
-  return versions[-1] and os.path.join(root, versions[-1])
+  return os.path.join(root, versions[-1])
