@@ -20,6 +20,7 @@ import numpy as np
 from realm_jax import embedded
 from realm_jax.data import sources
 from realm_jax.data.tokenization import WordPieceTokenizer
+from realm_jax.index.embed import embed_in_length_buckets
 from realm_jax.index.exact import exact_search
 from realm_jax.models import bert, pretrained
 from realm_jax.progress import Progress
@@ -30,7 +31,6 @@ DEFAULT_QUESTIONS = (
     'when did humans first land on the moon?',
     'which planet is known as the red planet?',
 )
-_LENGTH_BUCKET = 32  # Pad each batch to a multiple of this: few compiled shapes.
 
 
 class Encoder:
@@ -58,32 +58,15 @@ class Encoder:
                                   batch['token_type_ids']))
 
 
-def _bucketed_batches(lengths: np.ndarray, batch_size: int):
-  """Index batches of similar length, so little compute goes to padding."""
-  order = np.argsort(lengths, kind='stable')
-  for start in range(0, len(order), batch_size):
-    yield order[start:start + batch_size]
-
-
 def embed_documents(encoder: Encoder, articles, max_length: int,
                     batch_size: int) -> np.ndarray:
   """[N, D] float32 embeddings of `[CLS] title [SEP] body [SEP]`."""
   joined = encoder.tokenizer.numpy_join(
       [a.title for a in articles], [a.text for a in articles],
       max_length=max_length)
-  lengths = joined['input_mask'].sum(axis=1)
-  out = np.zeros((len(articles), encoder.config.hidden_size), np.float32)
-  progress = Progress('embedded', len(articles), unit='docs')
-  for idx in _bucketed_batches(lengths, batch_size):
-    width = min(max_length, -(-int(lengths[idx].max()) // _LENGTH_BUCKET)
-                * _LENGTH_BUCKET)
-    rows = len(idx)
-    # Pad the last, short batch to full size: one compiled shape per width.
-    take = np.concatenate([idx, np.repeat(idx[-1:], batch_size - rows)])
-    batch = {k: v[take, :width] for k, v in joined.items()}
-    out[idx] = encoder(batch)[:rows]
-    progress.update(rows)
-  return out
+  return embed_in_length_buckets(
+      encoder, joined, batch_size, Progress('embedded', len(articles),
+                                            unit='docs'))
 
 
 def _fingerprint(articles, weights_dir: str, max_length: int) -> str:

@@ -85,26 +85,36 @@ class DocumentEmbedder:
                progress: Progress | None = None) -> np.ndarray:
     """[n, D] float32 embeddings of the blocks in `arrays`."""
     params = jax.device_put(params, self._replicated)
-    lengths = arrays['input_mask'].sum(axis=1)
-    order = np.argsort(lengths, kind='stable')
-    out = None
-    for start in range(0, len(order), self.batch_size):
-      rows = order[start:start + self.batch_size]
-      width = min(arrays['token_ids'].shape[1],
-                  -(-int(lengths[rows].max()) // _LENGTH_BUCKET)
-                  * _LENGTH_BUCKET)
-      # Pad the last batch with copies: one compiled shape per width.
-      take = np.concatenate([rows, np.repeat(rows[-1:],
-                                             self.batch_size - len(rows))])
-      batch = {k: jax.device_put(v[take, :width], self._sharding)
-               for k, v in arrays.items()}
-      embedded = np.asarray(self._embed(params, batch))[:len(rows)]
-      if out is None:
-        out = np.zeros((len(order), embedded.shape[1]), np.float32)
-      out[rows] = embedded
-      if progress is not None:
-        progress.update(len(rows))
-    return out
+    return embed_in_length_buckets(
+        lambda batch: self._embed(params, jax.device_put(batch,
+                                                         self._sharding)),
+        arrays, self.batch_size, progress)
+
+
+def embed_in_length_buckets(embed_batch, arrays: dict[str, np.ndarray],
+                            batch_size: int,
+                            progress: Progress | None = None) -> np.ndarray:
+  """Runs `embed_batch` over length-sorted batches; rows in input order.
+
+  Each batch is cut to its longest row rounded up to 32 wordpieces, and the
+  last one is filled with copies, so only a few shapes ever compile.
+  """
+  lengths = arrays['input_mask'].sum(axis=1)
+  order = np.argsort(lengths, kind='stable')
+  out = None
+  for start in range(0, len(order), batch_size):
+    rows = order[start:start + batch_size]
+    width = min(arrays['token_ids'].shape[1],
+                -(-int(lengths[rows].max()) // _LENGTH_BUCKET) * _LENGTH_BUCKET)
+    take = np.concatenate([rows, np.repeat(rows[-1:], batch_size - len(rows))])
+    embedded = np.asarray(embed_batch(
+        {k: v[take, :width] for k, v in arrays.items()}))[:len(rows)]
+    if out is None:
+      out = np.zeros((len(order), embedded.shape[1]), np.float32)
+    out[rows] = embedded
+    if progress is not None:
+      progress.update(len(rows))
+  return out
 
 
 def embed_corpus(embedder: DocumentEmbedder, params, local_arrays,
