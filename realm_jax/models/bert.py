@@ -91,19 +91,38 @@ def layer_norm(config: BertConfig, name: str, axis_name: str = 'embed'):
       name=name)
 
 
+class Dense(nn.Module):
+  """x . kernel + bias over the last `in_axes` axes of x, to `features`.
+
+  Unlike nn.DenseGeneral it creates the kernel in its true shape, so the
+  logical axis names fit it even when initialized inside a mesh context.
+  """
+  config: BertConfig
+  features: tuple[int, ...]
+  kernel_names: tuple[str, ...]
+  in_axes: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    kernel = self.param('kernel', _init(c, self.kernel_names),
+                        x.shape[-self.in_axes:] + self.features,
+                        c.param_dtype)
+    bias = self.param('bias', nn.with_logical_partitioning(
+        nn.initializers.zeros, self.kernel_names[self.in_axes:]),
+                      self.features, c.param_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=c.dtype)
+    contract = (tuple(range(x.ndim - self.in_axes, x.ndim)),
+                tuple(range(self.in_axes)))
+    return jax.lax.dot_general(x, kernel, (contract, ((), ()))) + bias
+
+
 def dense(config: BertConfig, features, kernel_names: tuple[str, ...],
-          name: str, axis=-1):
-  """DenseGeneral with BERT's init; the bias takes the kernel's output names."""
-  out_ndim = len(features) if isinstance(features, tuple) else 1
-  return nn.DenseGeneral(
-      features=features,
-      axis=axis,
-      dtype=config.dtype,
-      param_dtype=config.param_dtype,
-      kernel_init=_init(config, kernel_names),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                             kernel_names[-out_ndim:]),
-      name=name)
+          name: str, in_axes: int = 1) -> Dense:
+  """BERT-initialized dense layer; the bias takes the output axis names."""
+  features = tuple(features) if isinstance(features, (tuple, list)) else (
+      features,)
+  return Dense(config, features, kernel_names, in_axes, name=name)
 
 
 class Embeddings(nn.Module):
@@ -166,7 +185,7 @@ class SelfAttention(nn.Module):
     context = jnp.einsum('bhqk,bkhd->bqhd', probs, value)
     context = nn.with_logical_constraint(context, activation_names)
     out = dense(c, c.hidden_size, ('heads', 'kv', 'embed'), 'out',
-                axis=(-2, -1))(context)
+                in_axes=2)(context)
     return nn.with_logical_constraint(out, ('batch', 'length', 'embed'))
 
 

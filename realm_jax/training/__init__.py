@@ -1,0 +1,1 @@
+"""Training: partitioning, optimizer (and, next, the train loop)."""

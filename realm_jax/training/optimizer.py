@@ -1,0 +1,42 @@
+"""BERT's optimizer: AdamW, linear warmup then linear decay, gradient clipping.
+
+Weight decay applies to kernels and embeddings only, never to LayerNorm
+parameters or biases, as in BERT's `AdamWeightDecayOptimizer`.
+"""
+
+import gin
+import jax
+import optax
+
+_NO_DECAY = ('bias', 'scale', 'output_bias')
+
+
+def bert_schedule(learning_rate: float, warmup_steps: int,
+                  total_steps: int) -> optax.Schedule:
+  """0 -> learning_rate over warmup_steps, then linearly to 0 at total_steps."""
+  if not 0 <= warmup_steps < total_steps:
+    raise ValueError(f'warmup_steps={warmup_steps} must be in '
+                     f'[0, total_steps={total_steps}).')
+  return optax.join_schedules([
+      optax.linear_schedule(0.0, learning_rate, warmup_steps),
+      optax.linear_schedule(learning_rate, 0.0, total_steps - warmup_steps),
+  ], [warmup_steps])
+
+
+def decay_mask(params):
+  """True where weight decay applies: not LayerNorm scale/bias, not biases."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], 'key', None) not in _NO_DECAY, params)
+
+
+@gin.configurable
+def bert_adamw(learning_rate: float = 3e-5, warmup_steps: int = 10_000,
+               total_steps: int = 200_000, weight_decay: float = 0.01,
+               clip_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
+               eps: float = 1e-6) -> optax.GradientTransformation:
+  """The paper's pre-training defaults (lr 3e-5; ICT 1e-4, fine-tuning 1e-5)."""
+  return optax.chain(
+      optax.clip_by_global_norm(clip_norm),
+      optax.adamw(bert_schedule(learning_rate, warmup_steps, total_steps),
+                  b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                  mask=decay_mask))

@@ -1,0 +1,53 @@
+"""BERT's AdamW: the schedule, and decay only where BERT decays."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from realm_jax.models.realm import Realm
+from realm_jax.training import optimizer
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+  schedule = optimizer.bert_schedule(1e-4, warmup_steps=10, total_steps=110)
+  np.testing.assert_allclose(
+      [schedule(s) for s in (0, 5, 10, 60, 110)],
+      [0.0, 5e-5, 1e-4, 5e-5, 0.0], atol=1e-12)
+
+
+def test_schedule_rejects_warmup_past_the_end():
+  with pytest.raises(ValueError, match='warmup_steps=10'):
+    optimizer.bert_schedule(1e-4, warmup_steps=10, total_steps=10)
+
+
+def test_no_decay_on_layer_norms_and_biases(tiny_config):
+  ones = lambda *s: {k: jnp.ones(s, jnp.int32) for k in (
+      'token_ids', 'input_mask', 'token_type_ids')}
+  params = nn.meta.unbox(Realm(tiny_config, tiny_config, reader_length=12).init(
+      jax.random.key(0), ones(1, 4), ones(1, 2, 6),
+      jnp.ones((1, 1), jnp.int32)))['params']
+  mask = optimizer.decay_mask(params)
+  flat = {jax.tree_util.keystr(p): m for p, m in
+          jax.tree_util.tree_leaves_with_path(mask)}
+  assert flat["['reader']['bert']['embeddings']['word_embeddings']['embedding']"]
+  assert flat["['reader']['bert']['layer_0']['attention']['query']['kernel']"]
+  assert not flat["['reader']['bert']['layer_0']['attention']['query']['bias']"]
+  assert not flat["['reader']['bert']['embeddings']['layer_norm']['scale']"]
+  assert not flat["['reader']['mlm_head']['output_bias']"]
+  assert not flat["['retriever']['embedder']['layer_norm']['bias']"]
+
+  # With zero gradients only decoupled weight decay moves a parameter.
+  tx = optimizer.bert_adamw(learning_rate=0.1, warmup_steps=0, total_steps=10,
+                            weight_decay=0.5)
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params),
+                         tx.init(params), params)
+  for (path, update), decayed in zip(jax.tree_util.tree_leaves_with_path(
+      updates), jax.tree.leaves(mask)):
+    value = params
+    for key in path:
+      value = value[key.key]
+    expected = -0.1 * 0.5 * value if decayed else jnp.zeros_like(value)
+    np.testing.assert_allclose(update, expected, rtol=1e-6, atol=1e-9,
+                               err_msg=jax.tree_util.keystr(path))
