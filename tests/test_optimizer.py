@@ -25,9 +25,9 @@ def test_schedule_rejects_warmup_past_the_end():
 def test_no_decay_on_layer_norms_and_biases(tiny_config):
   ones = lambda *s: {k: jnp.ones(s, jnp.int32) for k in (
       'token_ids', 'input_mask', 'token_type_ids')}
-  params = nn.meta.unbox(Realm(tiny_config, tiny_config, reader_length=12).init(
-      jax.random.key(0), ones(1, 4), ones(1, 2, 6),
-      jnp.ones((1, 1), jnp.int32)))['params']
+  init = jax.jit(Realm(tiny_config, tiny_config, reader_length=12).init)
+  params = nn.meta.unbox(init(jax.random.key(0), ones(1, 4), ones(1, 2, 6),
+                              jnp.ones((1, 1), jnp.int32)))['params']
   mask = optimizer.decay_mask(params)
   flat = {jax.tree_util.keystr(p): m for p, m in
           jax.tree_util.tree_leaves_with_path(mask)}
@@ -41,8 +41,8 @@ def test_no_decay_on_layer_norms_and_biases(tiny_config):
   # With zero gradients only decoupled weight decay moves a parameter.
   tx = optimizer.bert_adamw(learning_rate=0.1, warmup_steps=0, total_steps=10,
                             weight_decay=0.5)
-  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params),
-                         tx.init(params), params)
+  updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.zeros_like, params),
+                                  tx.init(params), params)
   for (path, update), decayed in zip(jax.tree_util.tree_leaves_with_path(
       updates), jax.tree.leaves(mask)):
     value = params
