@@ -184,8 +184,12 @@ def parse_annotated_block(serialized):
   return tf.io.parse_single_example(serialized, ANNOTATED_FEATURES)
 
 
-def is_validation(block_id: int, validation_per_mille: int) -> bool:
-  """A fixed, spread-out subset of block ids (multiplicative hashing)."""
+def is_validation(block_id, validation_per_mille: int):
+  """A fixed, spread-out subset of block ids (multiplicative hashing).
+
+  Works on Python ints and on int64 tensors, so the ICT task splits the
+  corpus exactly as the annotation does.
+  """
   return (block_id * 2654435761) % 1000 < validation_per_mille
 
 
