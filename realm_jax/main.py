@@ -75,6 +75,18 @@ def _parser() -> argparse.ArgumentParser:
   embed.add_argument('--batch_size', type=int, default=64)
   add_gin(embed, 'gin/models/minilm_l6.gin')
 
+  train = commands.add_parser(
+      'train', help='Train one run kind (ICT, REALM pre-training, Open-QA '
+      'fine-tuning) as configured by gin; resumes from model_dir.',
+      epilog='Layer gin files like t5x: a run, then a setup, e.g. '
+      '--gin_file=gin/runs/pretrain.gin --gin_file=gin/setups/cpu_demo.gin. '
+      'Single bindings also as --gin.train.num_steps=10.')
+  train.add_argument('--model_dir', required=True,
+                     help='Checkpoints, metrics and the index live here.')
+  train.add_argument('--gin_file', action='append', required=True,
+                     help='gin config (repeatable; later files override).')
+  train.add_argument('--gin_bindings', action='append', default=[])
+
   refresh = commands.add_parser(
       'refresh', help='The index builder: re-embed and publish every new '
       'trainer checkpoint until training is done.')
@@ -93,10 +105,34 @@ _GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
 
 
 def _parse_gin(args) -> None:
+  """Files and bindings; a typo or a missing binding fails here, before work.
+
+  `include 'gin/...'` and --gin_file paths resolve from the working
+  directory or the repository root.
+  """
   import gin  # pylint: disable=g-import-not-at-top
   import realm_jax.models.realm  # pylint: disable=g-import-not-at-top,unused-import
+  gin.add_config_file_search_path(os.path.dirname(_GIN_DIR))
   files = args.gin_file or [os.path.join(_GIN_DIR, 'models', 'minilm_l6.gin')]
   gin.parse_config_files_and_bindings(files, args.gin_bindings)
+
+
+def _train(args) -> None:
+  from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  _parse_gin(args)
+  trainer.train(args.model_dir)
+
+
+def _gin_flags(argv):
+  """`--gin.X=V` flags -> `--gin_bindings=X = V`."""
+  out = []
+  for arg in argv:
+    if arg.startswith('--gin.') and '=' in arg:
+      name, value = arg[len('--gin.'):].split('=', 1)
+      out.append(f'--gin_bindings={name} = {value}')
+    else:
+      out.append(arg)
+  return out
 
 
 def _corpus_dir(args) -> str:
@@ -125,19 +161,13 @@ def _embed(args) -> None:
     bert = pretrained.load_bert_params(args.bert_dir or embedded.minilm_dir(),
                                        retriever.config)
     params = init_retriever_params(retriever, jax.random.key(0), bert)
-  corpus_metadata = corpus.load_metadata(corpus_dir)
-  embedder = embed.DocumentEmbedder(retriever, args.batch_size)
-  embeddings, docs_per_s = embed.embed_corpus(
-      embedder, params, embed.local_block_arrays(corpus_dir),
-      corpus_metadata['num_blocks'])
   output = args.output_dir or publication.index_dir(
       args.model_dir or os.path.join('runs', 'embed'))
-  manager = publication.index_manager(output)
-  publication.publish(manager, step, embeddings, publication.index_metadata(
-      corpus_metadata, embeddings, step, 'exact'))
-  print(f'{len(embeddings):,} blocks embedded at {docs_per_s:,.1f} docs/s on '
-        f'{jax.device_count()} {jax.devices()[0].platform} device(s) '
-        f'({retriever.config.dtype.name}); index step {step} in {output}')
+  refresh.embed_and_publish(
+      publication.index_manager(output), step,
+      embed.DocumentEmbedder(retriever, args.batch_size), params,
+      embed.local_block_arrays(corpus_dir), corpus.load_metadata(corpus_dir))
+  print(f'index step {step} ({retriever.config.dtype.name}) in {output}')
 
 
 def _refresh(args) -> None:
@@ -171,7 +201,8 @@ def _data(args) -> None:
 
 
 def main(argv=None) -> int:
-  args = _parser().parse_args(argv)
+  args = _parser().parse_args(_gin_flags(sys.argv[1:] if argv is None
+                                         else argv))
   if args.command == 'demo':
     from realm_jax import demo  # pylint: disable=g-import-not-at-top
     kwargs = {k: v for k, v in vars(args).items()
@@ -183,6 +214,8 @@ def main(argv=None) -> int:
     _embed(args)
   elif args.command == 'refresh':
     _refresh(args)
+  elif args.command == 'train':
+    _train(args)
   return 0
 
 

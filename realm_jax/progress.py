@@ -15,22 +15,28 @@ class Progress:
   """Reports `update(n)` calls as '<what> 1,234/10,033 (12%) 85.3 docs/s ETA 1m43s'."""
 
   def __init__(self, what: str, total: int, unit: str = 'items',
-               every_s: float = 5.0, stream=None, clock=time.monotonic):
+               every_s: float = 5.0, stream=None, clock=time.monotonic,
+               done: float = 0, also: tuple[float, str] | None = None):
+    """`done`: already finished (a resumed run); `also`: (n, unit) for a
+    second rate, e.g. (batch_size, 'examples') beside steps/s."""
     self.what, self.total, self.unit = what, total, unit
     self.every_s, self.stream, self.clock = every_s, stream, clock
-    self.done = 0
+    self.done = self._done_at_start = done
+    self.also = also
     self.start = self._last = clock()
 
   @property
   def rate(self) -> float:
     elapsed = self.clock() - self.start
-    return self.done / elapsed if elapsed > 0 else 0.0
+    return (self.done - self._done_at_start) / elapsed if elapsed > 0 else 0.0
 
   def line(self) -> str:
     rate = self.rate
     text = (f'{self.what} {self.done:,.0f}/{self.total:,.0f} '
             f'({100 * self.done / max(self.total, 1):.0f}%) '
             f'{rate:.1f} {self.unit}/s')
+    if self.also:
+      text += f' {rate * self.also[0]:.1f} {self.also[1]}/s'
     if 0 < self.done < self.total and rate > 0:
       text += f' ETA {_duration((self.total - self.done) / rate)}'
     elif self.done >= self.total:

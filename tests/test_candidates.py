@@ -1,5 +1,6 @@
 """Candidate selection, gathering and reader inputs."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -29,11 +30,13 @@ def _blocks(tokenizer, titles, bodies, length):
   return tokenizer.numpy_join(titles, bodies, max_length=length)
 
 
-def test_gather_blocks_puts_the_null_document_at_null_ids(tokenizer):
+@pytest.mark.parametrize('xp', [np, jnp], ids=['host', 'device'])
+def test_gather_blocks_puts_the_null_document_at_null_ids(tokenizer, xp):
   corpus = _blocks(tokenizer, ['Paris', 'Rome'], ['capital of france',
                                                   'capital of italy'], 12)
   null = candidates.null_document(12, tokenizer.cls_id, tokenizer.sep_id)
-  got = candidates.gather_blocks(corpus, np.array([[NULL, 1, 0]]), null)
+  got = candidates.gather_blocks(corpus, np.array([[NULL, 1, 0]]), null, xp)
+  assert all(isinstance(v, np.ndarray) == (xp is np) for v in got.values())
   np.testing.assert_array_equal(got['token_ids'][0, 1], corpus['token_ids'][1])
   np.testing.assert_array_equal(got['token_ids'][0, 2], corpus['token_ids'][0])
   np.testing.assert_array_equal(got['token_ids'][0, 0, :4],

@@ -39,8 +39,8 @@ def test_no_decay_on_layer_norms_and_biases(tiny_config):
   assert not flat["['retriever']['embedder']['layer_norm']['bias']"]
 
   # With zero gradients only decoupled weight decay moves a parameter.
-  tx = optimizer.bert_adamw(learning_rate=0.1, warmup_steps=0, total_steps=10,
-                            weight_decay=0.5)
+  tx, _ = optimizer.bert_adamw(learning_rate=0.1, warmup_steps=0,
+                               total_steps=10, weight_decay=0.5)
   updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.zeros_like, params),
                                   tx.init(params), params)
   for (path, update), decayed in zip(jax.tree_util.tree_leaves_with_path(
@@ -51,3 +51,14 @@ def test_no_decay_on_layer_norms_and_biases(tiny_config):
     expected = -0.1 * 0.5 * value if decayed else jnp.zeros_like(value)
     np.testing.assert_allclose(update, expected, rtol=1e-6, atol=1e-9,
                                err_msg=jax.tree_util.keystr(path))
+
+
+def test_frozen_parameters_never_move(tiny_config):
+  params = {'query': jnp.ones((2, 2)), 'document': jnp.ones((2, 2))}
+  tx, _ = optimizer.bert_adamw(
+      learning_rate=0.1, warmup_steps=0, total_steps=10, weight_decay=0.5,
+      frozen=lambda p: {'query': False, 'document': True})
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert np.all(np.asarray(updates['document']) == 0)
+  assert np.all(np.asarray(updates['query']) < 0)

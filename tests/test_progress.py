@@ -27,3 +27,13 @@ def test_rate_and_eta():
   progress.update(800)  # The last update always prints.
   assert stream.getvalue().splitlines()[-1] == (
       'embedded 1,000/1,000 (100%) 20.0 docs/s in 0m50s')
+
+
+def test_resumed_run_rates_count_only_this_run_and_show_examples():
+  clock, stream = _Clock(), io.StringIO()
+  progress = Progress('train', 30, unit='steps', every_s=0, stream=stream,
+                      clock=clock, done=20, also=(8, 'examples'))
+  clock.now = 5.0
+  progress.update(5)
+  assert stream.getvalue() == (
+      'train 25/30 (83%) 1.0 steps/s 8.0 examples/s ETA 0m05s\n')

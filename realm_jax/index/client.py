@@ -11,8 +11,10 @@ embedded the index.
 import os
 
 import gin
+import numpy as np
 
 from realm_jax.index import publication
+from realm_jax.index.exact import ExactSearcher
 
 
 @gin.configurable
@@ -67,3 +69,13 @@ class IndexClient:
       raise RuntimeError(f'No index published under '
                          f'{publication.index_dir(self.model_dir)} yet.')
     return self.searcher.search(query_embeddings, k, exclude_ids)
+
+  def document_embeddings(self, ids):
+    """[..., D] stored embeddings of block ids (the frozen Embed_doc(z) that
+    fine-tuning reads); needs the exact searcher, which holds them."""
+    if not isinstance(self.searcher, ExactSearcher):
+      raise ValueError('document_embeddings needs IndexClient.searcher = '
+                       f"'exact', not {self.searcher_kind!r}.")
+    ids = np.asarray(ids)
+    flat = np.asarray(self.searcher.embeddings[np.maximum(ids, 0).ravel()])
+    return flat.reshape(*ids.shape, -1)

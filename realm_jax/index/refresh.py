@@ -31,6 +31,22 @@ def model_retriever() -> Retriever:
                    realm.share_towers)
 
 
+def embed_and_publish(index, step: int, embedder: DocumentEmbedder, params,
+                      local_arrays, corpus_metadata: dict,
+                      searcher: str = 'exact') -> None:
+  """Embeds every block with `params` (the retriever's) and publishes `step`."""
+  start = time.perf_counter()
+  embeddings, docs_per_s = embed_corpus(embedder, params, local_arrays,
+                                        corpus_metadata['num_blocks'])
+  scann = build_scann(embeddings) if searcher == 'scann' else None
+  publication.publish(index, step, embeddings, publication.index_metadata(
+      corpus_metadata, embeddings, step, searcher), scann)
+  print(f'published index step {step}: {len(embeddings):,} blocks in '
+        f'{time.perf_counter() - start:.1f}s (embedding {docs_per_s:,.0f} '
+        f'docs/s on {jax.device_count()} {jax.devices()[0].platform} '
+        'device(s))', flush=True)
+
+
 def _wait_for_checkpoints(model_dir: str, poll_seconds: float):
   while not os.path.isdir(publication.checkpoints_dir(model_dir)):
     time.sleep(poll_seconds)
@@ -68,16 +84,9 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
                         step, error)
         time.sleep(poll_seconds)
         continue
-      embeddings, docs_per_s = embed_corpus(embedder, params, arrays,
-                                            corpus_metadata['num_blocks'])
-      scann = build_scann(embeddings) if searcher == 'scann' else None
-      publication.publish(index, step, embeddings, publication.index_metadata(
-          corpus_metadata, embeddings, step, searcher), scann)
+      embed_and_publish(index, step, embedder, params, arrays,
+                        corpus_metadata, searcher)
       last, published = step, published + 1
-      print(f'published index step {step}: {len(embeddings):,} blocks in '
-            f'{time.perf_counter() - start:.1f}s (embedding {docs_per_s:,.0f} '
-            f'docs/s on {jax.device_count()} {jax.devices()[0].platform} '
-            'device(s))', flush=True)
       continue
     if publication.training_done(model_dir):
       print(f'training done; index builder exits after {published} '

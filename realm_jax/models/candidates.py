@@ -58,14 +58,16 @@ def null_document(length: int, cls_id: int, sep_id: int) -> dict:
           'input_mask': jnp.zeros(length, jnp.int32).at[:3].set(1)}
 
 
-def gather_blocks(blocks: dict, candidate_ids, null: dict) -> dict:
+def gather_blocks(blocks: dict, candidate_ids, null: dict, xp=jnp) -> dict:
   """Token arrays of each candidate: [N, L] corpus arrays -> [batch, k, L].
 
-  `null` (see `null_document`) stands in for NULL_DOCUMENT_ID.
+  `null` (see `null_document`) stands in for NULL_DOCUMENT_ID. Pass xp=numpy
+  to gather on the host from corpus arrays that live in host memory.
   """
   is_null = (candidate_ids == NULL_DOCUMENT_ID)[..., None]
-  safe_ids = jnp.maximum(candidate_ids, 0)
-  return {key: jnp.where(is_null, null[key], jnp.take(value, safe_ids, axis=0))
+  safe_ids = xp.maximum(candidate_ids, 0)
+  return {key: xp.where(is_null, xp.asarray(null[key]),
+                        xp.take(value, safe_ids, axis=0))
           for key, value in blocks.items()}
 
 

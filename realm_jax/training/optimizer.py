@@ -33,10 +33,21 @@ def decay_mask(params):
 def bert_adamw(learning_rate: float = 3e-5, warmup_steps: int = 10_000,
                total_steps: int = 200_000, weight_decay: float = 0.01,
                clip_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
-               eps: float = 1e-6) -> optax.GradientTransformation:
-  """The paper's pre-training defaults (lr 3e-5; ICT 1e-4, fine-tuning 1e-5)."""
-  return optax.chain(
+               eps: float = 1e-6, frozen=None
+               ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """(AdamW, its schedule); the paper's pre-training defaults.
+
+  lr 3e-5 pre-training, 1e-4 ICT, 1e-5 fine-tuning. `frozen` maps params to a
+  bool tree, True where a parameter must not move (no update, no decay).
+  """
+  schedule = bert_schedule(learning_rate, warmup_steps, total_steps)
+  tx = optax.chain(
       optax.clip_by_global_norm(clip_norm),
-      optax.adamw(bert_schedule(learning_rate, warmup_steps, total_steps),
-                  b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+      optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                   mask=decay_mask))
+  if frozen is not None:
+    labels = lambda params: jax.tree.map(
+        lambda f: 'frozen' if f else 'trained', frozen(params))
+    tx = optax.multi_transform({'trained': tx, 'frozen': optax.set_to_zero()},
+                               labels)
+  return tx, schedule

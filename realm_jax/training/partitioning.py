@@ -7,8 +7,11 @@ mlp, vocab, ...); `LOGICAL_AXIS_RULES` maps those names onto mesh axes, and a
 name without a rule is replicated.
 """
 
+import os
+
 import gin
 import jax
+import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -49,3 +52,50 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def state_shardings(abstract_state, param_shardings, mesh: Mesh):
+  """Shardings of a train state: every leaf whose trailing dict-key path is a
+  parameter's path (Adam's moments, params themselves) shares that
+  parameter's sharding; the rest (step counts, rng) is replicated."""
+  by_path = {tuple(k.key for k in path): sharding for path, sharding in
+             jax.tree_util.tree_leaves_with_path(param_shardings)}
+
+  def sharding_of(path, leaf):
+    keys = []
+    for entry in reversed(path):
+      if not isinstance(entry, jax.tree_util.DictKey):
+        break
+      keys.insert(0, entry.key)
+    sharding = by_path.get(tuple(keys))
+    if sharding is not None and len(sharding.spec) <= leaf.ndim:
+      return sharding
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(sharding_of, abstract_state)
+
+
+def initialize_distributed() -> None:
+  """`jax.distributed.initialize()` when launched as several processes.
+
+  Cloud TPU pods are detected by JAX itself; elsewhere the standard
+  JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables
+  name the group. A single process needs nothing.
+  """
+  if int(os.environ.get('JAX_NUM_PROCESSES', '1')) > 1 or os.environ.get(
+      'TPU_WORKER_HOSTNAMES', '').count(',') > 0:
+    jax.distributed.initialize()
+
+
+def global_batch(local_batch: dict, mesh: Mesh) -> dict:
+  """This process's rows of the batch -> global arrays sharded over 'data'."""
+  return jax.tree.map(
+      lambda x: jax.make_array_from_process_local_data(
+          batch_sharding(mesh), x), local_batch)
+
+
+def local_rows(global_array, mesh: Mesh):
+  """The rows of a 'data'-sharded global array that this process fed."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.global_array_to_host_local_array(
+      global_array, mesh, P('data')))

@@ -1,0 +1,87 @@
+"""Train checkpoints through Orbax: all a run needs to continue exactly.
+
+model_dir/checkpoints/<step>/ holds the items
+  retriever_params   the towers: what the index builder and warm starts read;
+  reader_params      the knowledge-augmented encoder (not in ICT runs);
+  train_state        step, optimizer state and rng;
+  data_position      JSON: task, seed, global batch and batches consumed.
+Saves run in the background; Orbax renames a finished step into place, so a
+run killed at any moment leaves its previous checkpoint whole.
+"""
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from realm_jax.index import publication
+from realm_jax.training.train_state import TrainState
+
+TRAIN_STATE = 'train_state'
+DATA_POSITION = 'data_position'
+
+
+def _params_item(name: str) -> str:
+  return f'{name}_params'
+
+
+class Checkpoints:
+  """Saves every `save_every` steps, keeps the newest `keep`."""
+
+  def __init__(self, model_dir: str, save_every: int, keep: int = 3):
+    self.directory = publication.checkpoints_dir(model_dir)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(
+            save_interval_steps=save_every, max_to_keep=keep, create=True,
+            enable_async_checkpointing=True, cleanup_tmp_directories=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, state: TrainState, data_position: dict,
+           force: bool = False) -> bool:
+    """Starts saving `state` if its step is due (or `force`); True if so."""
+    items = {_params_item(k): ocp.args.StandardSave(v)
+             for k, v in state.params.items()}
+    items[TRAIN_STATE] = ocp.args.StandardSave(
+        {'step': state.step, 'opt_state': state.opt_state, 'rng': state.rng})
+    items[DATA_POSITION] = ocp.args.JsonSave(data_position)
+    return self.manager.save(int(state.step), args=ocp.args.Composite(**items),
+                             force=force)
+
+  def restore(self, step: int, abstract: TrainState):
+    """(state, data_position) of `step`, placed as `abstract`'s shardings."""
+    items = {_params_item(k): ocp.args.StandardRestore(v)
+             for k, v in abstract.params.items()}
+    items[TRAIN_STATE] = ocp.args.StandardRestore(
+        {'step': abstract.step, 'opt_state': abstract.opt_state,
+         'rng': abstract.rng})
+    items[DATA_POSITION] = ocp.args.JsonRestore()
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    rest = restored[TRAIN_STATE]
+    state = TrainState(
+        step=rest['step'], opt_state=rest['opt_state'], rng=rest['rng'],
+        params={k: restored[_params_item(k)] for k in abstract.params})
+    return state, restored[DATA_POSITION]
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def restore_params(model_dir: str) -> tuple[int, dict]:
+  """(step, {'retriever': ..., 'reader': ...}) of a run's newest checkpoint,
+  for warm starts; 'reader' only if the run had one."""
+  manager = publication.trainer_checkpoints(model_dir)
+  step = manager.latest_step()
+  if step is None:
+    raise FileNotFoundError(
+        f'No checkpoint under {publication.checkpoints_dir(model_dir)} to '
+        'warm-start from.')
+  names = [name for name in ('retriever', 'reader') if os.path.isdir(
+      os.path.join(str(manager.directory), str(step), _params_item(name)))]
+  restored = manager.restore(step, args=ocp.args.Composite(**{
+      _params_item(n): ocp.args.StandardRestore() for n in names}))
+  return step, {n: jax.device_get(restored[_params_item(n)]) for n in names}

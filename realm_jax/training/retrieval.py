@@ -1,0 +1,76 @@
+"""Retrieval inside training: top-k from the newest published index.
+
+It runs on the host, between the input pipeline and the train step. The query
+is embedded on the devices with the current parameters, searched in the index
+the builder published (exact search on the devices, or ScaNN on the host),
+and the candidates' token ids are gathered from corpus arrays held in host
+memory: at paper scale they are 13M x 288 wordpieces, more than an
+accelerator holds. The step then recomputes the candidates' embeddings and
+p(z|x) with the current parameters, so gradients reach both towers.
+docs/training.md measures the share of a step this takes.
+"""
+
+import numpy as np
+
+from realm_jax.data import corpus
+from realm_jax.index import publication
+from realm_jax.index.client import IndexClient
+from realm_jax.index.embed import DocumentEmbedder, block_arrays
+from realm_jax.index.refresh import embed_and_publish
+from realm_jax.models.candidates import (NULL_DOCUMENT_ID, gather_blocks,
+                                         null_document, select_candidates)
+
+
+class CandidateRetrieval:
+  """Candidates of a batch of queries, from the corpus and its newest index.
+
+  Attributes:
+    num_candidates: k, the null document included when `null_document`.
+    null_document: put the empty document at candidate 0 (pre-training).
+    exclude_source: drop each query's own block, the trivial candidate.
+  """
+
+  def __init__(self, model_dir: str, corpus_dir: str, dim: int,
+               num_candidates: int, null_document_first: bool,
+               exclude_source: bool, cls_id: int, sep_id: int,
+               client: IndexClient | None = None):
+    self.model_dir, self.corpus_dir = model_dir, corpus_dir
+    self.corpus_metadata = corpus.load_metadata(corpus_dir)
+    self.num_candidates = num_candidates
+    self.null_document_first = null_document_first
+    self.exclude_source = exclude_source
+    self.blocks = block_arrays(corpus_dir)
+    self.null = {k: np.asarray(v) for k, v in null_document(
+        self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
+    self.client = client or IndexClient(model_dir, self.corpus_metadata, dim)
+
+  def ensure_index(self, step: int, retriever, retriever_params) -> None:
+    """Without any published index, embeds the corpus with the current
+    towers and publishes it as `step`, as the index builder would."""
+    self.client.maybe_refresh(step)
+    if self.client.searcher is not None:
+      return
+    print(f'no index under {publication.index_dir(self.model_dir)}; '
+          f'embedding the corpus with the step-{step} retriever', flush=True)
+    embed_and_publish(
+        publication.index_manager(publication.index_dir(self.model_dir)),
+        step, DocumentEmbedder(retriever), retriever_params, self.blocks,
+        self.corpus_metadata)
+    self.client.maybe_refresh(step)
+
+  def candidates(self, query_embeddings, source_ids, step: int):
+    """(blocks [B, k, L] token arrays, candidate_mask [B, k], ids [B, k]).
+
+    `source_ids` [B] are the queries' own blocks (the trivial candidates).
+    """
+    self.client.maybe_refresh(step)
+    exclude = (np.asarray(source_ids) if self.exclude_source else
+               np.full(len(query_embeddings), NULL_DOCUMENT_ID))
+    fetch = self.num_candidates - int(self.null_document_first)
+    _, ids = self.client.search(query_embeddings, fetch, exclude)
+    if self.null_document_first:
+      ids, mask = (np.asarray(a) for a in select_candidates(
+          ids, exclude, self.num_candidates))
+    else:
+      mask = ids >= 0
+    return gather_blocks(self.blocks, ids, self.null, xp=np), mask, ids

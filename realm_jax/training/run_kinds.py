@@ -1,0 +1,324 @@
+"""The three things the one train loop trains: ICT, REALM pre-training, Open-QA.
+
+A run kind says which seqio task feeds it and at which shapes, how its
+parameters start (warm starts), how a host batch becomes the step's inputs
+(retrieval happens here, see `retrieval`), its loss, and which parameters stay
+frozen. Parameters are always {'retriever': ..., 'reader': ...} (ICT has no
+reader), so every checkpoint's `retriever_params` item is what the index
+builder and the next run's warm start read.
+"""
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+
+from realm_jax import embedded
+from realm_jax.data import corpus
+from realm_jax.index import publication
+from realm_jax.models import losses, pretrained
+from realm_jax.models.reader import gold_span_mask, span_mask
+from realm_jax.models.realm import Realm, build_realm
+from realm_jax.models.retriever import Retriever
+from realm_jax.training import checkpoints, partitioning
+from realm_jax.training.retrieval import CandidateRetrieval
+
+_KEYS = ('token_ids', 'input_mask', 'token_type_ids')
+
+
+def _tokens(token_ids, token_type_ids=None) -> dict:
+  """token_ids/input_mask/token_type_ids of zero-padded wordpieces."""
+  token_ids = np.asarray(token_ids, np.int32)
+  return {'token_ids': token_ids,
+          'input_mask': (token_ids != 0).astype(np.int32),
+          'token_type_ids': (np.zeros_like(token_ids) if token_type_ids is None
+                             else np.asarray(token_type_ids, np.int32))}
+
+
+def _ones(*shape) -> dict:
+  return {k: jnp.ones(shape, jnp.int32) for k in _KEYS}
+
+
+def _with_bert(tree, bert):
+  """Replaces every 'bert' sub-tree (each tower, the reader) by `bert`."""
+  if not isinstance(tree, dict):
+    return tree
+  return {k: (bert if k == 'bert' else _with_bert(v, bert))
+          for k, v in tree.items()}
+
+
+def _bert_warm_start(params, bert_dir: str | None, config):
+  """Every BERT of `params` from pretrained weights; bert_dir '' keeps the
+  fresh ones (a model with no pretrained weights of its size)."""
+  if bert_dir == '':
+    return params
+  bert = pretrained.load_bert_params(bert_dir or embedded.minilm_dir(), config)
+  return _with_bert(params, bert)
+
+
+class RunKind:
+  """What differs between ICT, pre-training and fine-tuning."""
+  task: str
+  eval_split: str
+  shapes: dict
+  # params -> bool tree, True where a parameter must not train; None: all do.
+  frozen = None
+
+  def setup(self, model_dir: str, mesh) -> None:
+    self.model_dir, self.mesh = model_dir, mesh
+
+  def init(self, rng):
+    """Boxed (logically partitioned) fresh parameters."""
+    raise NotImplementedError
+
+  def warm_start(self, params):
+    return params
+
+  def prepare(self, examples: dict, params, step: int):
+    """(the step's inputs, host metrics) from one host batch of examples."""
+    raise NotImplementedError
+
+  def loss(self, params, inputs, rng, deterministic: bool):
+    raise NotImplementedError
+
+  def start(self, params, step: int) -> None:
+    """Called once the parameters exist, before the first batch."""
+
+  def finish(self) -> None:
+    """Called once training is done."""
+
+
+class _Retrieving(RunKind):
+  """Shared by the kinds that read retrieved blocks (pre-training, Open-QA)."""
+  model: Realm
+  retrieval: CandidateRetrieval
+
+  def _retriever(self) -> Retriever:
+    return Retriever(self.model.retriever_config, self.model.projection_size,
+                     self.model.share_towers)
+
+  def _setup_retrieval(self, corpus_name: str, num_candidates: int,
+                       null_document_first: bool, exclude_source: bool):
+    tokenizer = seqio.get_mixture_or_task(self.task).output_features[
+        'query_token_ids'].vocabulary.tokenizer
+    self.retrieval = CandidateRetrieval(
+        self.model_dir, corpus.corpus_dir(corpus_name),
+        self.model.projection_size, num_candidates, null_document_first,
+        exclude_source, tokenizer.cls_id, tokenizer.sep_id)
+    retriever = self._retriever()
+    data = partitioning.batch_sharding(self.mesh)
+    self._embed_query = jax.jit(
+        lambda params, query: retriever.apply(
+            {'params': params}, *(query[k] for k in _KEYS),
+            method='embed_query'),
+        in_shardings=(None, data), out_shardings=data)
+
+  def init(self, rng):
+    q, k = 8, 2
+    return self.model.init(rng, _ones(1, q), _ones(1, k, q),
+                           jnp.zeros((1, 1), jnp.int32))['params']
+
+
+  def query_embeddings(self, params, query) -> np.ndarray:
+    embedded_query = self._embed_query(
+        params['retriever'], partitioning.global_batch(query, self.mesh))
+    return partitioning.local_rows(embedded_query, self.mesh)
+
+  def start(self, params, step):
+    self.retrieval.ensure_index(step, self._retriever(), params['retriever'])
+
+
+@gin.configurable
+class Ict(RunKind):
+  """Inverse Cloze Task: the retriever's warm start (ORQA; REALM section 3.4).
+
+  Attributes:
+    corpus: which corpus' blocks make the pseudo-queries.
+    query_length / block_length: 64 / 288 in the paper.
+    bert_dir: BERT weights for both towers (default: the embedded MiniLM;
+      '' for none).
+  """
+
+  def __init__(self, corpus_name: str = 'wiki_leads', query_length: int = 64,
+               block_length: int = 288, bert_dir: str | None = None):
+    self.task = f'ict_{corpus_name}'
+    self.eval_split = 'validation'
+    self.shapes = {'query_token_ids': (query_length,),
+                   'block_token_ids': (block_length,),
+                   'block_token_type_ids': (block_length,)}
+    self.bert_dir = bert_dir
+
+  def setup(self, model_dir, mesh):
+    super().setup(model_dir, mesh)
+    realm = build_realm()
+    self.retriever = Retriever(realm.retriever_config, realm.projection_size,
+                               realm.share_towers)
+
+  def init(self, rng):
+    return {'retriever': self.retriever.init(rng, _ones(1, 8),
+                                             _ones(1, 1, 8))['params']}
+
+  def warm_start(self, params):
+    return _bert_warm_start(params, self.bert_dir, self.retriever.config)
+
+  def prepare(self, examples, params, step):
+    del params, step
+    return {'query': _tokens(examples['query_token_ids']),
+            'block': _tokens(examples['block_token_ids'],
+                             examples['block_token_type_ids'])}, {}
+
+  def loss(self, params, inputs, rng, deterministic):
+    apply = lambda method, x: self.retriever.apply(
+        {'params': params['retriever']}, *(x[k] for k in _KEYS),
+        deterministic=deterministic, rngs={'dropout': rng}, method=method)
+    return losses.ict_loss(apply('embed_query', inputs['query']),
+                           apply('embed_documents', inputs['block']))
+
+
+@gin.configurable
+class Pretrain(_Retrieving):
+  """REALM pre-training: marginal masked-LM through the retrieved candidates.
+
+  Attributes:
+    masking: 'salient' (the paper's), 'random_uniform' or 'random_span'.
+    num_candidates: k = 8 with the null document (the paper's).
+    exclude_source: drop the trivial candidate (the query's own block).
+    marginalize: 'per_token' (released code) or 'whole_span' (paper eq. 2).
+    query_length / max_masked: 96 wordpieces / masked tokens per query.
+    ict_model_dir: warm-start the retriever from an ICT run's last checkpoint.
+    bert_dir: BERT weights for the encoder (and the towers without ICT);
+      default the embedded MiniLM, '' for none.
+  """
+
+  def __init__(self, corpus_name: str = 'wiki_leads', masking: str = 'salient',
+               num_candidates: int = 8, exclude_source: bool = True,
+               null_document: bool = True,
+               marginalize: losses.Marginalization = 'per_token',
+               query_length: int = 96, max_masked: int = 20,
+               ict_model_dir: str | None = None, bert_dir: str | None = None):
+    self.corpus_name = corpus_name
+    self.task = f'realm_pretrain_{corpus_name}_{masking}'
+    self.eval_split = 'validation'
+    self.shapes = {'query_token_ids': (query_length,),
+                   'mlm_positions': (max_masked,),
+                   'mlm_targets': (max_masked,), 'block_id': ()}
+    self.num_candidates, self.exclude_source = num_candidates, exclude_source
+    self.null_document, self.marginalize = null_document, marginalize
+    self.ict_model_dir, self.bert_dir = ict_model_dir, bert_dir
+
+  def setup(self, model_dir, mesh):
+    super().setup(model_dir, mesh)
+    self.model = build_realm()
+    self._setup_retrieval(self.corpus_name, self.num_candidates,
+                          self.null_document, self.exclude_source)
+
+  def warm_start(self, params):
+    params = _bert_warm_start(params, self.bert_dir,
+                              self.model.reader_config)
+    if self.ict_model_dir:
+      step, ict = checkpoints.restore_params(self.ict_model_dir)
+      params = {**params, 'retriever': ict['retriever']}
+      print(f'retriever warm-started from ICT step {step} of '
+            f'{self.ict_model_dir}', flush=True)
+    return params
+
+  def prepare(self, examples, params, step):
+    query = _tokens(examples['query_token_ids'])
+    blocks, mask, _ = self.retrieval.candidates(
+        self.query_embeddings(params, query), examples['block_id'], step)
+    targets = np.asarray(examples['mlm_targets'], np.int32)
+    return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
+            'mlm_positions': np.asarray(examples['mlm_positions'], np.int32),
+            'mlm_targets': targets,
+            'mlm_mask': (targets != 0).astype(np.int32)}, {
+                'index_staleness': self.retrieval.client.staleness(step)}
+
+  def loss(self, params, inputs, rng, deterministic):
+    scores, logits = self.model.apply(
+        {'params': params}, inputs['query'], inputs['candidates'],
+        inputs['mlm_positions'], deterministic, rngs={'dropout': rng},
+        method='pretrain')
+    return losses.realm_mlm_loss(scores, inputs['candidate_mask'], logits,
+                                 inputs['mlm_targets'], inputs['mlm_mask'],
+                                 self.marginalize)
+
+  def finish(self):
+    publication.mark_training_done(self.model_dir)
+
+
+@gin.configurable
+class Finetune(_Retrieving):
+  """Open-QA fine-tuning (ORQA-style, as REALM fine-tunes).
+
+  The document embeddings stay those of the index (frozen); the query tower
+  and the reader train; the reader reads the top `num_candidates`.
+
+  Attributes:
+    benchmark: nq_open, web_questions or curated_trec.
+    num_candidates: blocks read per question (5).
+    pretrain_model_dir: warm start from a pre-training run's last checkpoint
+      (retriever and reader); without it, BERT weights.
+  """
+
+  def __init__(self, benchmark: str = 'nq_open', corpus_name: str = 'wiki_leads',
+               num_candidates: int = 5, query_length: int = 64,
+               max_answers: int = 8, max_answer_length: int = 16,
+               pretrain_model_dir: str | None = None,
+               bert_dir: str | None = None):
+    self.task, self.corpus_name = benchmark, corpus_name
+    self.eval_split = 'test'
+    self.shapes = {'query_token_ids': (query_length,),
+                   'answer_token_ids': (max_answers, max_answer_length)}
+    self.num_candidates = num_candidates
+    self.pretrain_model_dir, self.bert_dir = pretrain_model_dir, bert_dir
+
+  def setup(self, model_dir, mesh):
+    super().setup(model_dir, mesh)
+    self.model = build_realm()
+    self._setup_retrieval(self.corpus_name, self.num_candidates,
+                          null_document_first=False, exclude_source=False)
+    # The index is built once from the starting document tower, never again.
+    self.retrieval.client.interval = np.iinfo(np.int64).max
+
+  def warm_start(self, params):
+    if not self.pretrain_model_dir:
+      return _bert_warm_start(params, self.bert_dir, self.model.reader_config)
+    step, restored = checkpoints.restore_params(self.pretrain_model_dir)
+    print(f'warm-started from pre-training step {step} of '
+          f'{self.pretrain_model_dir}', flush=True)
+    return restored
+
+  def frozen(self, params):
+    frozen = jax.tree.map(lambda _: False, params)
+    frozen['reader']['mlm_head'] = jax.tree.map(
+        lambda _: True, params['reader']['mlm_head'])
+    if 'document_embedder' in params['retriever']:
+      frozen['retriever']['document_embedder'] = jax.tree.map(
+          lambda _: True, params['retriever']['document_embedder'])
+    return frozen
+
+  def prepare(self, examples, params, step):
+    query = _tokens(examples['query_token_ids'])
+    blocks, mask, ids = self.retrieval.candidates(
+        self.query_embeddings(params, query),
+        np.full(len(query['token_ids']), -1), step)
+    answers = np.asarray(examples['answer_token_ids'], np.int32)
+    return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
+            'candidate_embeddings': self.retrieval.client.document_embeddings(
+                ids),
+            'answer_token_ids': answers,
+            'answer_mask': (answers != 0).astype(np.int32)}, {}
+
+  def loss(self, params, inputs, rng, deterministic):
+    scores, spans, reader_inputs = self.model.apply(
+        {'params': params}, inputs['query'], inputs['candidates'],
+        inputs['candidate_embeddings'], deterministic, rngs={'dropout': rng},
+        method='read_spans')
+    width = self.model.max_span_width
+    return losses.qa_loss(
+        scores, inputs['candidate_mask'], spans,
+        span_mask(reader_inputs['block_mask'], width),
+        gold_span_mask(reader_inputs['token_ids'], reader_inputs['block_mask'],
+                       inputs['answer_token_ids'], inputs['answer_mask'],
+                       width))

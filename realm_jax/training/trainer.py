@@ -1,0 +1,213 @@
+"""The one train loop: ICT warm-start, REALM pre-training and Open-QA fine-tuning.
+
+The step is one `jax.jit` with explicit in/out shardings over a ('data',
+'model') mesh and the state donated; the run kind (see `run_kinds`) supplies
+the task, the warm start, the host-side retrieval and the loss. The loop saves
+asynchronous Orbax checkpoints, resumes from the newest one with the data
+order unchanged, stops on a non-finite loss, and writes metrics (see
+`metric_writer`) and a progress line.
+"""
+
+import math
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+
+from realm_jax.progress import Progress
+from realm_jax.training import input_pipeline, optimizer, partitioning
+from realm_jax.training.checkpoints import Checkpoints
+from realm_jax.training.metric_writer import create_writer
+from realm_jax.training.run_kinds import RunKind
+from realm_jax.training.train_state import TrainState
+
+
+class Trainer:
+  """A run kind's parameters, optimizer and jitted step on one mesh."""
+
+  def __init__(self, run: RunKind, model_dir: str, mesh, num_steps: int,
+               seed: int = 0):
+    self.run, self.mesh = run, mesh
+    run.setup(model_dir, mesh)
+    self.rng = jax.random.PRNGKey(seed)
+    boxed = jax.eval_shape(run.init, self.rng)
+    self.param_shardings = partitioning.logical_shardings(boxed, mesh)
+    abstract_params = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed), self.param_shardings)
+    # The schedule decays to zero at the run's last step.
+    self.tx, self.schedule = optimizer.bert_adamw(total_steps=num_steps,
+                                                  frozen=run.frozen)
+    abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+    replicated = partitioning.replicated(mesh)
+    self.state_shardings = TrainState(
+        step=replicated, rng=replicated, params=self.param_shardings,
+        opt_state=partitioning.state_shardings(abstract_opt,
+                                               self.param_shardings, mesh))
+    abstract_state = TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+        opt_state=abstract_opt, rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+    self.abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract_state, self.state_shardings)
+    self._step = None
+    self._evaluate = jax.jit(lambda p, x: run.loss(p, x, self.rng, True)[1])
+
+  def initial_state(self) -> TrainState:
+    """Fresh parameters, then the run kind's warm start, then Adam's state."""
+    params = jax.jit(lambda rng: nn.meta.unbox(self.run.init(rng)),
+                     out_shardings=self.param_shardings)(self.rng)
+    params = jax.device_put(self.run.warm_start(params), self.param_shardings)
+    opt_state = jax.jit(self.tx.init,
+                        out_shardings=self.state_shardings.opt_state)(params)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=opt_state, rng=self.rng)
+
+  def loss_and_grads(self, params, inputs, rng):
+    """((loss, metrics), gradients) of one batch, in training mode."""
+    return jax.value_and_grad(self.run.loss, has_aux=True)(
+        params, inputs, rng, False)
+
+  def _train_step(self, state: TrainState, inputs):
+    rng = jax.random.fold_in(state.rng, state.step)
+    (_, metrics), grads = self.loss_and_grads(state.params, inputs, rng)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    metrics = {**metrics, 'learning_rate': self.schedule(state.step),
+               'gradient_norm': optax.global_norm(grads)}
+    return state.replace(step=state.step + 1,
+                         params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state), metrics
+
+  def step(self, state: TrainState, inputs) -> tuple[TrainState, dict]:
+    """One update; `inputs` are this process's rows (numpy)."""
+    inputs = partitioning.global_batch(inputs, self.mesh)
+    if self._step is None:
+      self._step = jax.jit(
+          self._train_step,
+          in_shardings=(self.state_shardings,
+                        jax.tree.map(lambda _: partitioning.batch_sharding(
+                            self.mesh), inputs)),
+          out_shardings=(self.state_shardings,
+                         partitioning.replicated(self.mesh)),
+          donate_argnums=(0,))
+    return self._step(state, inputs)
+
+  def evaluate(self, params, step: int, batch_size: int, num_batches: int,
+               seed: int = 0) -> dict:
+    """The run's metrics on the first `num_batches` held-out batches, averaged
+    over examples (every batch has `batch_size`)."""
+    totals, count = {}, 0
+    for examples in input_pipeline.batches(
+        self.run.task, self.run.eval_split, self.run.shapes, batch_size,
+        seed=seed, shuffle=False, num_epochs=1):
+      if count == num_batches:
+        break
+      inputs, _ = self.run.prepare(examples, params, step)
+      metrics = jax.device_get(self._evaluate(
+          params, partitioning.global_batch(inputs, self.mesh)))
+      for name, value in metrics.items():
+        totals[name] = totals.get(name, 0.0) + float(value)
+      count += 1
+    if not count:
+      raise ValueError(f'No {self.run.eval_split} batch of {batch_size} in '
+                       f'{self.run.task}.')
+    return {name: value / count for name, value in totals.items()}
+
+
+@gin.configurable
+def train(model_dir: str, run: RunKind = gin.REQUIRED,
+          num_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+          seed: int = 0, checkpoint_every: int = 1000,
+          keep_checkpoints: int = 3, log_every: int = 10,
+          eval_every: int | None = None, eval_batches: int = 10,
+          eval_batch_size: int | None = None) -> TrainState:
+  """Trains `run` to `num_steps`, resuming from model_dir's newest checkpoint.
+
+  Args:
+    model_dir: checkpoints, metrics and (for retrieval runs) the index.
+    run: Ict(), Pretrain() or Finetune().
+    num_steps: the total number of updates of the run.
+    batch_size: the global batch (each process feeds its share).
+    seed: parameters, dropout and data order.
+    checkpoint_every: steps between (asynchronous) checkpoints.
+    keep_checkpoints: the newest ones kept.
+    log_every: steps between metric writes.
+    eval_every: steps between held-out evaluations (also at step 0); None
+      for none.
+    eval_batches / eval_batch_size: size of each evaluation.
+  """
+  partitioning.initialize_distributed()
+  mesh = partitioning.make_mesh()
+  trainer = Trainer(run, model_dir, mesh, num_steps, seed)
+  checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
+  position = {'task': run.task, 'seed': seed, 'batch_size': batch_size}
+  latest = checkpoints.latest_step()
+  if latest is None:
+    state = trainer.initial_state()
+    checkpoints.save(state, {**position, 'batches': 0}, force=True)
+  else:
+    state, saved = checkpoints.restore(latest, trainer.abstract_state)
+    _check_position(saved, position, checkpoints.directory, latest)
+    print(f'resumed from step {latest} of {checkpoints.directory}', flush=True)
+  start = int(state.step)
+  run.start(state.params, start)
+  writer = create_writer(model_dir)
+  if eval_every and start == 0:
+    _write(writer, 0, trainer.evaluate(state.params, 0, eval_batch_size or
+                                       batch_size, eval_batches, seed), 'eval/')
+  data = input_pipeline.batches(run.task, 'train', run.shapes, batch_size,
+                                seed=seed, skip_batches=start)
+  progress = Progress('train', num_steps, unit='steps', every_s=10,
+                      done=start, also=(batch_size, 'examples'))
+  window, window_start = [], time.perf_counter()
+  for step in range(start + 1, num_steps + 1):
+    inputs, host_metrics = run.prepare(next(data), state.params, step - 1)
+    state, metrics = trainer.step(state, inputs)
+    metrics = {**jax.device_get(metrics), **host_metrics}
+    if not math.isfinite(float(metrics['loss'])):
+      raise FloatingPointError(
+          f'Loss is {float(metrics["loss"])} at step {step}; the last good '
+          f'checkpoint is step {checkpoints.latest_step()} in '
+          f'{checkpoints.directory}.')
+    checkpoints.save(state, {**position, 'batches': step},
+                     force=step == num_steps)
+    window.append(metrics)
+    if step % log_every == 0 or step == num_steps:
+      elapsed = time.perf_counter() - window_start
+      summary = {k: float(np.mean([m[k] for m in window])) for k in window[0]
+                 if all(m[k] is not None for m in window)}
+      summary['steps_per_second'] = len(window) / elapsed
+      summary['examples_per_second'] = len(window) * batch_size / elapsed
+      _write(writer, step, summary)
+      window, window_start = [], time.perf_counter()
+    if eval_every and step % eval_every == 0:
+      _write(writer, step, trainer.evaluate(
+          state.params, step, eval_batch_size or batch_size, eval_batches,
+          seed), 'eval/')
+    progress.update(1)
+  checkpoints.wait()
+  checkpoints.close()
+  writer.close()
+  run.finish()
+  return state
+
+
+def _write(writer, step: int, metrics: dict, prefix: str = '') -> None:
+  writer.write_scalars(step, {prefix + k: v for k, v in metrics.items()})
+  writer.flush()
+
+
+def _check_position(saved: dict, expected: dict, directory: str, step: int):
+  """A resumed run must read the same data in the same order."""
+  changed = {k: (saved.get(k), v) for k, v in expected.items()
+             if saved.get(k) != v}
+  if changed:
+    raise ValueError(
+        f'Checkpoint {step} in {directory} was trained with a different data '
+        'order: ' + ', '.join(f'{k} {old!r} -> {new!r}'
+                              for k, (old, new) in changed.items())
+        + '. Use a new model_dir, or the old settings.')
