@@ -35,6 +35,7 @@ class IndexClient:
     self.refreshes = 0
     self._manager = None
     self._last_check: int | None = None
+    self._host_embeddings = None
 
   def _newest_step(self) -> int | None:
     if self._manager is None:
@@ -76,6 +77,8 @@ class IndexClient:
     if not isinstance(self.searcher, ExactSearcher):
       raise ValueError('document_embeddings needs IndexClient.searcher = '
                        f"'exact', not {self.searcher_kind!r}.")
-    ids = np.asarray(ids)
-    flat = np.asarray(self.searcher.embeddings[np.maximum(ids, 0).ravel()])
-    return flat.reshape(*ids.shape, -1)
+    if self._host_embeddings is None or self._host_embeddings[0] != \
+        self.index_step:
+      self._host_embeddings = (self.index_step, np.asarray(
+          self.searcher.embeddings)[:self.searcher.num_docs])
+    return self._host_embeddings[1][np.maximum(np.asarray(ids), 0)]

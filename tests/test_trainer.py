@@ -1,0 +1,209 @@
+"""The train loop: sharded = single-device, exact resume, every run kind from
+its gin file, warm starts, and the guards (gin errors, NaN)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+from realm_jax import main
+from realm_jax.training import input_pipeline, partitioning, run_kinds
+from realm_jax.training.trainer import Trainer
+from tests.test_open_qa import DATA_DIR, needs_data
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A 2-layer, 32-wide BERT over the real vocab, no pretrained weights.
+TINY = ['--gin_file=gin/models/tiny.gin',
+        '--gin.BertConfig.hidden_size=32', '--gin.BertConfig.num_heads=4',
+        '--gin.BertConfig.intermediate_size=64',
+        '--gin.build_realm.projection_size=16',
+        '--gin.build_realm.reader_length=64', '--gin.train.batch_size=8',
+        '--gin.bert_adamw.warmup_steps=1']
+RETRIEVAL = ['--gin.Pretrain.num_candidates=4',
+             '--gin.Pretrain.query_length=32', "--gin.Pretrain.bert_dir=''"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin(small_corpus, monkeypatch):
+  monkeypatch.setenv('REALM_CORPUS_DIR', small_corpus)
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _metrics(model_dir, name='train'):
+  """The last row written for each step (a resumed run rewrites some)."""
+  rows = {}
+  with open(os.path.join(model_dir, f'{name}_metrics.jsonl')) as f:
+    for line in f:
+      row = json.loads(line)
+      rows[row['step']] = row
+  return rows
+
+
+def _train(model_dir, run_file, *flags):
+  return main.main(['train', f'--model_dir={model_dir}',
+                    f'--gin_file=gin/runs/{run_file}.gin', *TINY, *flags])
+
+
+def _bind_tiny():
+  bindings = [f[len('--gin.'):] .replace('=', ' = ', 1) for f in TINY
+              if f.startswith('--gin.')]
+  gin.add_config_file_search_path(REPO)
+  gin.parse_config_files_and_bindings(['gin/models/tiny.gin'], bindings)
+
+
+def test_sharded_step_equals_single_device_step(tmp_path):
+  """Data 4 x model 2 on 8 devices: the same loss and gradients (fp32)."""
+  _bind_tiny()
+  make = lambda devices, data, model: Trainer(
+      run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir=''),
+      str(tmp_path), partitioning.make_mesh(data, model, devices), 10)
+  single = make(jax.devices()[:1], 1, 1)
+  state = single.initial_state()
+  single.run.start(state.params, 0)
+  examples = next(input_pipeline.batches(single.run.task, 'train',
+                                         single.run.shapes, 8))
+  inputs, _ = single.run.prepare(examples, state.params, 0)
+  rng = jax.random.PRNGKey(1)  # Dropout on: its bits must not depend on layout.
+  (loss, metrics), grads = jax.jit(single.loss_and_grads)(
+      state.params, partitioning.global_batch(inputs, single.mesh), rng)
+
+  sharded = make(jax.devices(), 4, 2)
+  params = jax.device_put(jax.device_get(state.params), sharded.param_shardings)
+  word = params['reader']['bert']['embeddings']['word_embeddings']['embedding']
+  assert 'model' in word.sharding.spec and len(word.sharding.device_set) == 8
+  (loss8, metrics8), grads8 = jax.jit(sharded.loss_and_grads)(
+      params, partitioning.global_batch(inputs, sharded.mesh), rng)
+
+  np.testing.assert_allclose(loss8, loss, rtol=1e-5, atol=1e-5)
+  for name in ('retrieval_utility', 'null_document_prob'):
+    np.testing.assert_allclose(metrics8[name], metrics[name], atol=1e-5)
+  for (path, g8), g in zip(jax.tree_util.tree_leaves_with_path(grads8),
+                           jax.tree.leaves(grads)):
+    np.testing.assert_allclose(g8, g, rtol=1e-5, atol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
+  assert float(loss) > 0 and any(np.abs(g).max() > 0
+                                 for g in jax.tree.leaves(grads))
+
+
+def _cli(model_dir, steps):
+  return [sys.executable, '-m', 'realm_jax.main', 'train',
+          f'--model_dir={model_dir}', '--gin_file=gin/runs/pretrain.gin',
+          *TINY, *RETRIEVAL, f'--gin.train.num_steps={steps}',
+          '--gin.train.checkpoint_every=10', '--gin.train.log_every=1']
+
+
+def test_killed_run_resumes_with_the_same_losses(tmp_path, small_corpus):
+  """SIGKILL after step 23, resume: steps 21-30 match an uninterrupted run."""
+  env = {**os.environ, 'REALM_CORPUS_DIR': small_corpus,
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  run = lambda model_dir: subprocess.run(
+      _cli(model_dir, 30), cwd=REPO, env=env, check=True, capture_output=True)
+  reference = str(tmp_path / 'reference')
+  run(reference)
+
+  killed = str(tmp_path / 'killed')
+  process = subprocess.Popen(_cli(killed, 30), cwd=REPO, env=env,
+                             stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  metrics = os.path.join(killed, 'train_metrics.jsonl')
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    if os.path.exists(metrics) and 23 in _metrics(killed):
+      process.send_signal(signal.SIGKILL)
+      break
+    time.sleep(0.02)
+  assert process.wait() == -signal.SIGKILL
+  assert 30 not in _metrics(killed)  # Really interrupted.
+  run(killed)
+
+  expected, got = _metrics(reference), _metrics(killed)
+  np.testing.assert_allclose([got[s]['loss'] for s in range(21, 31)],
+                             [expected[s]['loss'] for s in range(21, 31)],
+                             rtol=1e-6)
+  assert os.path.exists(os.path.join(killed, 'checkpoints', 'TRAINING_DONE'))
+
+
+@needs_data
+def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
+    tmp_path, monkeypatch):
+  """ICT -> pre-training from its retriever -> fine-tuning from that."""
+  monkeypatch.setenv('REALM_DATA_DIR', DATA_DIR)
+  ict, pretrain, finetune = (str(tmp_path / n) for n in
+                             ('ict', 'pretrain', 'finetune'))
+  _train(ict, 'ict', '--gin.train.num_steps=2', "--gin.Ict.bert_dir=''",
+         '--gin.Ict.block_length=64')
+  assert _metrics(ict)[2]['accuracy'] >= 0
+
+  gin.clear_config()
+  _train(pretrain, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2',
+         f'--gin.Pretrain.ict_model_dir="{ict}"')
+  from realm_jax.training.checkpoints import restore_params
+  _, ict_params = restore_params(ict)
+  _, start = _restore_step(pretrain, 0)
+  for a, b in zip(jax.tree.leaves(ict_params['retriever']),
+                  jax.tree.leaves(start['retriever'])):
+    np.testing.assert_array_equal(a, b)
+  row = _metrics(pretrain)[2]
+  for name in ('loss', 'masked_token_accuracy', 'retrieval_utility',
+               'retrieval_entropy', 'null_document_prob', 'index_staleness',
+               'learning_rate', 'gradient_norm', 'examples_per_second'):
+    assert np.isfinite(row[name]), name
+  assert os.listdir(os.path.join(pretrain, 'tensorboard', 'train'))
+
+  gin.clear_config()
+  _train(finetune, 'finetune', '--gin.train.num_steps=2',
+         f'--gin.Finetune.pretrain_model_dir="{pretrain}"',
+         '--gin.Finetune.num_candidates=3', '--gin.Finetune.query_length=32')
+  assert {'reader_loss', 'retriever_loss', 'answer_recall'} <= set(
+      _metrics(finetune)[2])
+  _, before = _restore_step(finetune, 0)
+  _, after = _restore_step(finetune, 2)
+  frozen = lambda p: jax.tree.leaves(p['reader']['mlm_head'])
+  for a, b in zip(frozen(before), frozen(after)):
+    np.testing.assert_array_equal(a, b)
+  changed = lambda p: p['retriever']['embedder']['projection']['kernel']
+  assert not np.array_equal(changed(before), changed(after))
+  # The index is embedded once, from the starting document tower.
+  assert os.listdir(os.path.join(finetune, 'index')) == ['0']
+
+
+def _restore_step(model_dir, step):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import publication  # pylint: disable=g-import-not-at-top
+  manager = publication.trainer_checkpoints(model_dir)
+  names = ('retriever', 'reader')
+  restored = manager.restore(step, args=ocp.args.Composite(**{
+      f'{n}_params': ocp.args.StandardRestore() for n in names}))
+  return step, {n: jax.device_get(restored[f'{n}_params']) for n in names}
+
+
+def test_gin_typo_stops_before_any_work(tmp_path):
+  model_dir = tmp_path / 'run'
+  with pytest.raises(ValueError, match='num_stepz'):
+    _train(str(model_dir), 'ict', '--gin.train.num_stepz=2')
+  assert not model_dir.exists()
+
+
+def test_missing_binding_stops_before_any_work(tmp_path):
+  model_dir = tmp_path / 'run'
+  with pytest.raises(RuntimeError, match="'run'"):
+    main.main(['train', f'--model_dir={model_dir}', *TINY])
+  assert not model_dir.exists()
+
+
+def test_nan_loss_names_the_step_and_the_last_good_checkpoint(tmp_path):
+  with pytest.raises(FloatingPointError,
+                     match=r'at step \d+; the last good checkpoint is step 0'):
+    _train(str(tmp_path / 'run'), 'ict', '--gin.train.num_steps=20',
+           "--gin.Ict.bert_dir=''", '--gin.Ict.block_length=64',
+           '--gin.bert_adamw.learning_rate=1e30',
+           '--gin.bert_adamw.clip_norm=1e30')
