@@ -33,22 +33,26 @@ def tiny_config() -> BertConfig:
                     intermediate_size=48, max_position_embeddings=24)
 
 
-@pytest.fixture(scope='session')
-def small_corpus(tmp_path_factory, tokenizer):
-  """The first 60 Wikipedia leads, built and annotated as `wiki_leads`.
-
-  Returns the corpus root (what REALM_CORPUS_DIR points at).
-  """
+def build_leads_corpus(root, tokenizer, num_leads: int,
+                       validation_per_mille: int) -> str:
+  """The first `num_leads` Wikipedia leads, built and annotated as
+  `wiki_leads` under `root`; returns root (what REALM_CORPUS_DIR points at)."""
   import json
   from realm_jax.data import corpus, salient_spans
-  root = tmp_path_factory.mktemp('corpora')
   with open(embedded.wiki_leads_json(), encoding='utf-8') as f:
-    leads = dict(list(json.load(f).items())[:60])
+    leads = dict(list(json.load(f).items())[:num_leads])
   source = root / 'leads.json'
   source.write_text(json.dumps(leads), encoding='utf-8')
   directory = str(root / 'wiki_leads')
   corpus.build_corpus(directory, tokenizer, wiki_leads_json=str(source),
-                      blocks_per_shard=25)
+                      blocks_per_shard=25 if num_leads < 100 else 100_000)
   salient_spans.annotate_corpus(directory, tokenizer, num_processes=1,
-                                validation_per_mille=200)
+                                validation_per_mille=validation_per_mille)
   return str(root)
+
+
+@pytest.fixture(scope='session')
+def small_corpus(tmp_path_factory, tokenizer):
+  """The first 60 Wikipedia leads (20% held out)."""
+  return build_leads_corpus(tmp_path_factory.mktemp('corpora'), tokenizer, 60,
+                            validation_per_mille=200)

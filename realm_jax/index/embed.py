@@ -30,7 +30,9 @@ def block_arrays(corpus_dir: str, start: int = 0, stop: int | None = None,
             for k in ('token_ids', 'token_type_ids', 'input_mask')}
   blocks = corpus.read_blocks(corpus_dir).skip(start).take(stop - start)
   for row, block in enumerate(blocks.as_numpy_iterator()):
-    ids = block['token_ids'][:length]
+    ids = block['token_ids']
+    if len(ids) > length:  # Cut, but still closed by its [SEP].
+      ids = np.concatenate([ids[:length - 1], ids[-1:]])
     arrays['token_ids'][row, :len(ids)] = ids
     arrays['input_mask'][row, :len(ids)] = 1
     arrays['token_type_ids'][row, block['title_length'] + 2:len(ids)] = 1

@@ -25,24 +25,26 @@ class CandidateRetrieval:
   """Candidates of a batch of queries, from the corpus and its newest index.
 
   Attributes:
-    num_candidates: k, the null document included when `null_document`.
-    null_document: put the empty document at candidate 0 (pre-training).
+    num_candidates: k, the null document included when `null_document_first`.
+    null_document_first: the empty document at candidate 0 (pre-training).
     exclude_source: drop each query's own block, the trivial candidate.
+    block_length: wordpieces kept of each candidate block (None: all 288);
+      shorter blocks make the document tower cheaper on small machines.
   """
 
   def __init__(self, model_dir: str, corpus_dir: str, dim: int,
                num_candidates: int, null_document_first: bool,
                exclude_source: bool, cls_id: int, sep_id: int,
-               client: IndexClient | None = None):
+               block_length: int | None = None):
     self.model_dir, self.corpus_dir = model_dir, corpus_dir
     self.corpus_metadata = corpus.load_metadata(corpus_dir)
     self.num_candidates = num_candidates
     self.null_document_first = null_document_first
     self.exclude_source = exclude_source
-    self.blocks = block_arrays(corpus_dir)
+    self.blocks = block_arrays(corpus_dir, max_length=block_length)
     self.null = {k: np.asarray(v) for k, v in null_document(
         self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
-    self.client = client or IndexClient(model_dir, self.corpus_metadata, dim)
+    self.client = IndexClient(model_dir, self.corpus_metadata, dim)
 
   def ensure_index(self, step: int, retriever, retriever_params) -> None:
     """Without any published index, embeds the corpus with the current

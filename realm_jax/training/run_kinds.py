@@ -99,13 +99,14 @@ class _Retrieving(RunKind):
                      self.model.share_towers)
 
   def _setup_retrieval(self, corpus_name: str, num_candidates: int,
-                       null_document_first: bool, exclude_source: bool):
+                       null_document_first: bool, exclude_source: bool,
+                       block_length: int | None):
     tokenizer = seqio.get_mixture_or_task(self.task).output_features[
         'query_token_ids'].vocabulary.tokenizer
     self.retrieval = CandidateRetrieval(
         self.model_dir, corpus.corpus_dir(corpus_name),
         self.model.projection_size, num_candidates, null_document_first,
-        exclude_source, tokenizer.cls_id, tokenizer.sep_id)
+        exclude_source, tokenizer.cls_id, tokenizer.sep_id, block_length)
     retriever = self._retriever()
     data = partitioning.batch_sharding(self.mesh)
     self._embed_query = jax.jit(
@@ -186,6 +187,7 @@ class Pretrain(_Retrieving):
     exclude_source: drop the trivial candidate (the query's own block).
     marginalize: 'per_token' (released code) or 'whole_span' (paper eq. 2).
     query_length / max_masked: 96 wordpieces / masked tokens per query.
+    block_length: wordpieces read of each candidate block (None: all).
     ict_model_dir: warm-start the retriever from an ICT run's last checkpoint.
     bert_dir: BERT weights for the encoder (and the towers without ICT);
       default the embedded MiniLM, '' for none.
@@ -196,6 +198,7 @@ class Pretrain(_Retrieving):
                null_document: bool = True,
                marginalize: losses.Marginalization = 'per_token',
                query_length: int = 96, max_masked: int = 20,
+               block_length: int | None = None,
                ict_model_dir: str | None = None, bert_dir: str | None = None):
     self.corpus_name = corpus_name
     self.task = f'realm_pretrain_{corpus_name}_{masking}'
@@ -206,12 +209,14 @@ class Pretrain(_Retrieving):
     self.num_candidates, self.exclude_source = num_candidates, exclude_source
     self.null_document, self.marginalize = null_document, marginalize
     self.ict_model_dir, self.bert_dir = ict_model_dir, bert_dir
+    self.block_length = block_length
 
   def setup(self, model_dir, mesh):
     super().setup(model_dir, mesh)
     self.model = build_realm()
     self._setup_retrieval(self.corpus_name, self.num_candidates,
-                          self.null_document, self.exclude_source)
+                          self.null_document, self.exclude_source,
+                          self.block_length)
 
   def warm_start(self, params):
     params = _bert_warm_start(params, self.bert_dir,
@@ -257,6 +262,7 @@ class Finetune(_Retrieving):
   Attributes:
     benchmark: nq_open, web_questions or curated_trec.
     num_candidates: blocks read per question (5).
+    block_length: wordpieces read of each candidate block (None: all).
     pretrain_model_dir: warm start from a pre-training run's last checkpoint
       (retriever and reader); without it, BERT weights.
   """
@@ -264,6 +270,7 @@ class Finetune(_Retrieving):
   def __init__(self, benchmark: str = 'nq_open', corpus_name: str = 'wiki_leads',
                num_candidates: int = 5, query_length: int = 64,
                max_answers: int = 8, max_answer_length: int = 16,
+               block_length: int | None = None,
                pretrain_model_dir: str | None = None,
                bert_dir: str | None = None):
     self.task, self.corpus_name = benchmark, corpus_name
@@ -272,12 +279,14 @@ class Finetune(_Retrieving):
                    'answer_token_ids': (max_answers, max_answer_length)}
     self.num_candidates = num_candidates
     self.pretrain_model_dir, self.bert_dir = pretrain_model_dir, bert_dir
+    self.block_length = block_length
 
   def setup(self, model_dir, mesh):
     super().setup(model_dir, mesh)
     self.model = build_realm()
     self._setup_retrieval(self.corpus_name, self.num_candidates,
-                          null_document_first=False, exclude_source=False)
+                          null_document_first=False, exclude_source=False,
+                          block_length=self.block_length)
     # The index is built once from the starting document tower, never again.
     self.retrieval.client.interval = np.iinfo(np.int64).max
 

@@ -64,8 +64,9 @@ class Trainer:
     params = jax.device_put(self.run.warm_start(params), self.param_shardings)
     opt_state = jax.jit(self.tx.init,
                         out_shardings=self.state_shardings.opt_state)(params)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=opt_state, rng=self.rng)
+    return jax.device_put(
+        TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                   opt_state=opt_state, rng=self.rng), self.state_shardings)
 
   def loss_and_grads(self, params, inputs, rng):
     """((loss, metrics), gradients) of one batch, in training mode."""
@@ -165,9 +166,14 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
                       done=start, also=(batch_size, 'examples'))
   window, window_start = [], time.perf_counter()
   for step in range(start + 1, num_steps + 1):
+    started = time.perf_counter()
     inputs, host_metrics = run.prepare(next(data), state.params, step - 1)
+    prepared = time.perf_counter()
     state, metrics = trainer.step(state, inputs)
-    metrics = {**jax.device_get(metrics), **host_metrics}
+    metrics = {**jax.device_get(metrics), **host_metrics,
+               # Input + retrieval on the host vs the device step.
+               'prepare_seconds': prepared - started,
+               'step_seconds': time.perf_counter() - prepared}
     if not math.isfinite(float(metrics['loss'])):
       raise FloatingPointError(
           f'Loss is {float(metrics["loss"])} at step {step}; the last good '
