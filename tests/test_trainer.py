@@ -39,12 +39,13 @@ def _clean_gin(small_corpus, monkeypatch):
 
 
 def _metrics(model_dir, name='train'):
-  """The last row written for each step (a resumed run rewrites some)."""
+  """Step -> its metrics (train and eval/ rows merged; a resumed run's
+  rewrites of a step win)."""
   rows = {}
   with open(os.path.join(model_dir, f'{name}_metrics.jsonl')) as f:
     for line in f:
       row = json.loads(line)
-      rows[row['step']] = row
+      rows.setdefault(row['step'], {}).update(row)
   return rows
 
 

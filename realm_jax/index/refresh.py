@@ -76,7 +76,6 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
     checkpoints.reload()
     step = checkpoints.latest_step()
     if step is not None and (last is None or step > last):
-      start = time.perf_counter()
       try:
         params = publication.restore_retriever_params(checkpoints, step)
       except Exception as error:  # pylint: disable=broad-except
