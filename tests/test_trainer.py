@@ -54,9 +54,9 @@ def _train(model_dir, run_file, *flags):
                     f'--gin_file=gin/runs/{run_file}.gin', *TINY, *flags])
 
 
-def _bind_tiny():
-  bindings = [f[len('--gin.'):] .replace('=', ' = ', 1) for f in TINY
-              if f.startswith('--gin.')]
+def _bind_tiny(*extra):
+  bindings = [f[len('--gin.'):].replace('=', ' = ', 1) for f in TINY
+              if f.startswith('--gin.')] + list(extra)
   gin.add_config_file_search_path(REPO)
   gin.parse_config_files_and_bindings(['gin/models/tiny.gin'], bindings)
 
@@ -93,6 +93,22 @@ def test_sharded_step_equals_single_device_step(tmp_path):
                                err_msg=jax.tree_util.keystr(path))
   assert float(loss) > 0 and any(np.abs(g).max() > 0
                                  for g in jax.tree.leaves(grads))
+
+
+def test_bf16_compute_keeps_fp32_parameters_and_loss(tmp_path):
+  _bind_tiny("BertConfig.dtype = 'bfloat16'")
+  trainer = Trainer(run_kinds.Ict(block_length=32, bert_dir=''), str(tmp_path),
+                    partitioning.make_mesh(devices=jax.devices()[:1]), 10)
+  state = trainer.initial_state()
+  examples = next(input_pipeline.batches(trainer.run.task, 'train',
+                                         trainer.run.shapes, 8))
+  inputs, _ = trainer.run.prepare(examples, state.params, 0)
+  state, metrics = trainer.step(state, inputs)
+  assert trainer.run.retriever.config.dtype == jax.numpy.bfloat16
+  assert {x.dtype for x in jax.tree.leaves(state.params)} == {
+      np.dtype('float32')}
+  assert metrics['loss'].dtype == np.float32 and np.isfinite(metrics['loss'])
+  assert int(state.step) == 1
 
 
 def _cli(model_dir, steps):
