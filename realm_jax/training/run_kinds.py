@@ -49,8 +49,9 @@ def _with_bert(tree, bert):
 
 
 def _bert_warm_start(params, bert_dir: str | None, config):
-  """Every BERT of `params` from pretrained weights; bert_dir '' keeps the
-  fresh ones (a model with no pretrained weights of its size)."""
+  """Every BERT of `params` (towers and reader, all of `config`'s size) from
+  pretrained weights; bert_dir '' keeps the fresh ones (a model size with
+  no pretrained weights)."""
   if bert_dir == '':
     return params
   bert = pretrained.load_bert_params(bert_dir or embedded.minilm_dir(), config)
@@ -120,7 +121,6 @@ class _Retrieving(RunKind):
     return self.model.init(rng, _ones(1, q), _ones(1, k, q),
                            jnp.zeros((1, 1), jnp.int32))['params']
 
-
   def query_embeddings(self, params, query) -> np.ndarray:
     embedded_query = self._embed_query(
         params['retriever'], partitioning.global_batch(query, self.mesh))
@@ -135,7 +135,7 @@ class Ict(RunKind):
   """Inverse Cloze Task: the retriever's warm start (ORQA; REALM section 3.4).
 
   Attributes:
-    corpus: which corpus' blocks make the pseudo-queries.
+    corpus_name: which corpus' blocks make the pseudo-queries.
     query_length / block_length: 64 / 288 in the paper.
     bert_dir: BERT weights for both towers (default: the embedded MiniLM;
       '' for none).
@@ -182,6 +182,7 @@ class Pretrain(_Retrieving):
   """REALM pre-training: marginal masked-LM through the retrieved candidates.
 
   Attributes:
+    corpus_name: the knowledge corpus, also the source of the queries.
     masking: 'salient' (the paper's), 'random_uniform' or 'random_span'.
     num_candidates: k = 8 with the null document (the paper's).
     exclude_source: drop the trivial candidate (the query's own block).

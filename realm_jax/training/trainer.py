@@ -99,8 +99,8 @@ class Trainer:
 
   def evaluate(self, params, step: int, batch_size: int, num_batches: int,
                seed: int = 0) -> dict:
-    """The run's metrics on the first `num_batches` held-out batches, averaged
-    over examples (every batch has `batch_size`)."""
+    """The run's metrics on the first `num_batches` held-out batches (the
+    same ones every time): the mean over batches of each batch's metrics."""
     totals, count = {}, 0
     for examples in input_pipeline.batches(
         self.run.task, self.run.eval_split, self.run.shapes, batch_size,
