@@ -259,3 +259,16 @@ def test_short_minilm_pretraining_improves_over_its_step_0(tmp_path,
           start['eval/masked_token_accuracy'] + 0.03), (start, end)
   assert (end['eval/retrieval_utility'] > start['eval/retrieval_utility']), (
       start, end)
+
+
+@pytest.mark.parametrize('setup', ['cpu_demo', 'gpu', 'tpu_v4_64',
+                                   'paper_scale'])
+@pytest.mark.parametrize('run', ['ict', 'pretrain', 'finetune'])
+def test_every_run_and_setup_layers_in_either_order(run, setup):
+  gin.add_config_file_search_path(REPO)
+  for files in ([f'gin/runs/{run}.gin', 'gin/runs/eval.gin',
+                 f'gin/setups/{setup}.gin'],
+                [f'gin/setups/{setup}.gin', f'gin/runs/{run}.gin']):
+    gin.clear_config()
+    gin.parse_config_files_and_bindings(files, [])
+    assert gin.query_parameter('train.run').selector == run.title()
