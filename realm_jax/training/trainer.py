@@ -36,9 +36,7 @@ class Trainer:
     self.rng = jax.random.PRNGKey(seed)
     boxed = jax.eval_shape(run.init, self.rng)
     self.param_shardings = partitioning.logical_shardings(boxed, mesh)
-    abstract_params = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        nn.meta.unbox(boxed), self.param_shardings)
+    abstract_params = nn.meta.unbox(boxed)
     # The schedule decays to zero at the run's last step.
     self.tx, self.schedule = optimizer.bert_adamw(total_steps=num_steps,
                                                   frozen=run.frozen)
@@ -48,12 +46,13 @@ class Trainer:
         step=replicated, rng=replicated, params=self.param_shardings,
         opt_state=partitioning.state_shardings(abstract_opt,
                                                self.param_shardings, mesh))
-    abstract_state = TrainState(
-        step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
-        opt_state=abstract_opt, rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+    # What a checkpoint restores into: shapes, dtypes and shardings.
     self.abstract_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        abstract_state, self.state_shardings)
+        TrainState(step=jax.ShapeDtypeStruct((), jnp.int32),
+                   params=abstract_params, opt_state=abstract_opt,
+                   rng=jax.ShapeDtypeStruct((2,), jnp.uint32)),
+        self.state_shardings)
     self._step = None
     self._evaluate = jax.jit(lambda p, x: run.loss(p, x, self.rng, True)[1])
 
