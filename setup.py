@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     'clu==0.0.12',
     'safetensors>=0.4',
     'spacy>=3.7.5,<3.9',
+    'matplotlib>=3.8',
     'numpy',
 ]
 

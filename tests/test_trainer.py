@@ -177,6 +177,7 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
                'learning_rate', 'gradient_norm', 'examples_per_second'):
     assert np.isfinite(row[name]), name
   assert os.listdir(os.path.join(pretrain, 'tensorboard', 'train'))
+  assert os.path.getsize(os.path.join(pretrain, 'train_curves.png')) > 0
 
   gin.clear_config()
   _train(finetune, 'finetune', '--gin.train.num_steps=2',

@@ -31,6 +31,10 @@ class JsonlWriter(metric_writers.LoggingWriter):
     self._file.close()
 
 
+def metrics_path(model_dir: str, name: str = 'train') -> str:
+  return os.path.join(model_dir, f'{name}_metrics.jsonl')
+
+
 def create_writer(model_dir: str, name: str = 'train'
                   ) -> metric_writers.MetricWriter:
   """TensorBoard + log + model_dir/<name>_metrics.jsonl (process 0 only)."""
@@ -40,5 +44,5 @@ def create_writer(model_dir: str, name: str = 'train'
   return metric_writers.MultiWriter([
       metric_writers.create_default_writer(
           os.path.join(model_dir, 'tensorboard', name), asynchronous=False),
-      JsonlWriter(os.path.join(model_dir, f'{name}_metrics.jsonl')),
+      JsonlWriter(metrics_path(model_dir, name)),
   ])

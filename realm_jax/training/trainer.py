@@ -9,6 +9,7 @@ order unchanged, stops on a non-finite loss, and writes metrics (see
 """
 
 import math
+import os
 import time
 
 import gin
@@ -21,7 +22,8 @@ from flax import linen as nn
 from realm_jax.progress import Progress
 from realm_jax.training import input_pipeline, optimizer, partitioning
 from realm_jax.training.checkpoints import Checkpoints
-from realm_jax.training.metric_writer import create_writer
+from realm_jax.training.curves import plot_curves
+from realm_jax.training.metric_writer import create_writer, metrics_path
 from realm_jax.training.run_kinds import RunKind
 from realm_jax.training.train_state import TrainState
 
@@ -197,6 +199,9 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   checkpoints.wait()
   checkpoints.close()
   writer.close()
+  if jax.process_index() == 0:
+    plot_curves(metrics_path(model_dir), os.path.join(model_dir,
+                                                      'train_curves.png'))
   run.finish()
   return state
 
