@@ -208,7 +208,8 @@ def test_client_refuses_an_index_of_another_corpus(dirs):
   for i, (bad, message) in enumerate((
       ({'corpus_fingerprint': 'f' * 64}, 'corpus fingerprint'),
       ({'num_blocks': 7}, 'blocks'),
-      ({'dim': 64}, 'embedding dim 64 != 128'))):
+      ({'dim': 64}, 'embedding dim 64 != 128'),
+      ({'block_length': 64}, 'blocks cut to 64 wordpieces != 288'))):
     _publish(f'{model_dir}{i}', 1, embeddings, {**good, **bad})
     client = IndexClient(f'{model_dir}{i}', meta, dim=128)
     with pytest.raises(publication.IndexMismatchError, match=message):

@@ -81,6 +81,14 @@ def test_sharded_step_equals_single_device_step(tmp_path):
   params = jax.device_put(jax.device_get(state.params), sharded.param_shardings)
   word = params['reader']['bert']['embeddings']['word_embeddings']['embedding']
   assert 'model' in word.sharding.spec and len(word.sharding.device_set) == 8
+  # Adam's moments of that kernel are sharded like it; step counts replicated.
+  moments = [s for p, s in jax.tree_util.tree_leaves_with_path(
+      sharded.state_shardings.opt_state)
+             if jax.tree_util.keystr(p).endswith(
+                 "['reader']['bert']['embeddings']['word_embeddings']"
+                 "['embedding']")]
+  assert len(moments) == 2 and all(s.spec == word.sharding.spec
+                                   for s in moments)
   (loss8, metrics8), grads8 = jax.jit(sharded.loss_and_grads)(
       params, partitioning.global_batch(inputs, sharded.mesh), rng)
 
@@ -265,7 +273,8 @@ def test_short_minilm_pretraining_improves_over_its_step_0(tmp_path,
 @pytest.mark.parametrize('setup', ['cpu_demo', 'gpu', 'tpu_v4_64',
                                    'paper_scale'])
 @pytest.mark.parametrize('run', ['ict', 'pretrain', 'finetune'])
-def test_every_run_and_setup_layers_in_either_order(run, setup):
+def test_every_run_and_setup_parse_in_either_order_and_the_last_wins(
+    run, setup):
   gin.add_config_file_search_path(REPO)
   for files in ([f'gin/runs/{run}.gin', 'gin/runs/eval.gin',
                  f'gin/setups/{setup}.gin'],
@@ -273,3 +282,6 @@ def test_every_run_and_setup_layers_in_either_order(run, setup):
     gin.clear_config()
     gin.parse_config_files_and_bindings(files, [])
     assert gin.query_parameter('train.run').selector == run.title()
+    if setup == 'cpu_demo':  # The only setup that sets the run's length.
+      last_is_setup = files[-1].startswith('gin/setups')
+      assert (gin.query_parameter('train.num_steps') == 100) == last_is_setup

@@ -23,13 +23,15 @@ class IndexClient:
 
   def __init__(self, model_dir: str, corpus_metadata: dict, dim: int,
                refresh_interval_steps: int = 500, stale_factor: int = 1,
-               searcher: str = 'exact', devices=None):
+               searcher: str = 'exact', devices=None,
+               block_length: int | None = None):
     self.model_dir = model_dir
     self.corpus_metadata = corpus_metadata
     self.dim = dim
     self.interval = refresh_interval_steps * stale_factor
     self.searcher_kind = searcher
     self.devices = devices
+    self.block_length = block_length
     self.searcher = None
     self.index_step: int | None = None
     self.refreshes = 0
@@ -57,7 +59,7 @@ class IndexClient:
       return False
     searcher, _ = publication.load_index(
         self._manager, newest, self.corpus_metadata, self.dim,
-        self.searcher_kind, self.devices)
+        self.searcher_kind, self.devices, self.block_length)
     self.searcher, self.index_step = searcher, newest
     self.refreshes += 1
     return True

@@ -43,12 +43,14 @@ def _per_process(num_blocks: int) -> int:
   return -(-num_blocks // jax.process_count())
 
 
-def local_block_arrays(corpus_dir: str) -> dict[str, np.ndarray]:
+def local_block_arrays(corpus_dir: str, max_length: int | None = None
+                       ) -> dict[str, np.ndarray]:
   """This process's contiguous share of the blocks (all of them on one host)."""
   num_blocks = corpus.load_metadata(corpus_dir)['num_blocks']
   start = min(num_blocks, jax.process_index() * _per_process(num_blocks))
   return block_arrays(corpus_dir, start,
-                      min(num_blocks, start + _per_process(num_blocks)))
+                      min(num_blocks, start + _per_process(num_blocks)),
+                      max_length)
 
 
 def gather_embeddings(local: np.ndarray, num_blocks: int) -> np.ndarray:

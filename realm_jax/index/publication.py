@@ -47,6 +47,10 @@ def mark_training_done(model_dir: str) -> None:
   (path / DONE_MARKER).write_text('done\n')
 
 
+def clear_training_done(model_dir: str) -> None:
+  (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).unlink(missing_ok=True)
+
+
 def training_done(model_dir: str) -> bool:
   return (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).exists()
 
@@ -102,8 +106,10 @@ def index_manager(directory: str, read_only: bool = False,
 
 
 def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
-                   searcher: str) -> dict:
+                   searcher: str, block_length: int | None = None) -> dict:
+  """`block_length`: wordpieces of each block that were embedded (None: all)."""
   return {
+      'block_length': block_length or corpus_metadata['max_block_length'],
       'step': int(step),
       'corpus_fingerprint': corpus_metadata['corpus_fingerprint'],
       'num_blocks': int(embeddings.shape[0]),
@@ -125,9 +131,14 @@ def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
 
 
 def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
-                     where: str) -> None:
-  """Refuses an index for another corpus, block count or embedding size."""
+                     where: str, block_length: int | None = None) -> None:
+  """Refuses an index of another corpus, block count, embedding size or block
+  cut (`block_length`, None for whole blocks)."""
   problems = []
+  full = corpus_metadata['max_block_length']
+  if metadata.get('block_length', full) != (block_length or full):
+    problems.append(f'blocks cut to {metadata.get("block_length", full)} '
+                    f'wordpieces != {block_length or full} here')
   if metadata['corpus_fingerprint'] != corpus_metadata['corpus_fingerprint']:
     problems.append(f'corpus fingerprint {metadata["corpus_fingerprint"][:12]}'
                     f'... != {corpus_metadata["corpus_fingerprint"][:12]}...')
@@ -142,12 +153,13 @@ def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
 
 
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
-               dim: int, searcher: str = 'exact', devices=None):
+               dim: int, searcher: str = 'exact', devices=None,
+               block_length: int | None = None):
   """(searcher, metadata) of a published step, checked against the corpus."""
   where = os.path.join(str(manager.directory), str(step))
   metadata = manager.restore(step, args=ocp.args.Composite(
       metadata=ocp.args.JsonRestore()))['metadata']
-  check_compatible(metadata, corpus_metadata, dim, where)
+  check_compatible(metadata, corpus_metadata, dim, where, block_length)
   if searcher == 'scann' and metadata['searcher'] == 'scann':
     loaded = manager.restore(step, args=ocp.args.Composite(
         scann=ScannRestore()))['scann']

@@ -40,7 +40,8 @@ def embed_and_publish(index, step: int, embedder: DocumentEmbedder, params,
                                         corpus_metadata['num_blocks'])
   scann = build_scann(embeddings) if searcher == 'scann' else None
   publication.publish(index, step, embeddings, publication.index_metadata(
-      corpus_metadata, embeddings, step, searcher), scann)
+      corpus_metadata, embeddings, step, searcher,
+      local_arrays['token_ids'].shape[1]), scann)
   print(f'published index step {step}: {len(embeddings):,} blocks in '
         f'{time.perf_counter() - start:.1f}s (embedding {docs_per_s:,.0f} '
         f'docs/s on {jax.device_count()} {jax.devices()[0].platform} '
@@ -56,13 +57,17 @@ def _wait_for_checkpoints(model_dir: str, poll_seconds: float):
 @gin.configurable
 def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
                 poll_seconds: float = 2.0, batch_size: int = 64,
-                max_to_keep: int = 3) -> int:
-  """Refreshes until training is done; returns the number of publishes."""
+                max_to_keep: int = 3, block_length: int | None = None) -> int:
+  """Refreshes until training is done; returns the number of publishes.
+
+  `block_length` cuts every block as the trainer's `Pretrain.block_length`
+  does (the trainer refuses an index embedded with another cut).
+  """
   if searcher not in publication.SEARCHERS:
     raise ValueError(f'searcher={searcher!r}; expected one of '
                      f'{publication.SEARCHERS}.')
   corpus_metadata = corpus.load_metadata(corpus_dir)
-  arrays = local_block_arrays(corpus_dir)
+  arrays = local_block_arrays(corpus_dir, block_length)
   embedder = DocumentEmbedder(model_retriever(), batch_size)
   index = publication.index_manager(publication.index_dir(model_dir),
                                      max_to_keep=max_to_keep)
@@ -75,6 +80,9 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
   while True:
     checkpoints.reload()
     step = checkpoints.latest_step()
+    index.reload()  # A trainer may have published its own first index.
+    if index.latest_step() is not None:
+      last = max(last if last is not None else -1, index.latest_step())
     if step is not None and (last is None or step > last):
       try:
         params = publication.restore_retriever_params(checkpoints, step)

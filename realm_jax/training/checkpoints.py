@@ -38,15 +38,16 @@ class Checkpoints:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, state: TrainState, data_position: dict,
+  def save(self, state: TrainState, step: int, data_position: dict,
            force: bool = False) -> bool:
-    """Starts saving `state` if its step is due (or `force`); True if so."""
+    """Starts saving `state` (after `step` updates; passed in so that no
+    device sync is needed) if the step is due or `force`; True if so."""
     items = {_params_item(k): ocp.args.StandardSave(v)
              for k, v in state.params.items()}
     items[TRAIN_STATE] = ocp.args.StandardSave(
         {'step': state.step, 'opt_state': state.opt_state, 'rng': state.rng})
     items[DATA_POSITION] = ocp.args.JsonSave(data_position)
-    return self.manager.save(int(state.step), args=ocp.args.Composite(**items),
+    return self.manager.save(step, args=ocp.args.Composite(**items),
                              force=force)
 
   def restore(self, step: int, abstract: TrainState):

@@ -10,7 +10,9 @@ p(z|x) with the current parameters, so gradients reach both towers.
 docs/training.md measures the share of a step this takes.
 """
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from realm_jax.data import corpus
 from realm_jax.index import publication
@@ -44,7 +46,10 @@ class CandidateRetrieval:
     self.blocks = block_arrays(corpus_dir, max_length=block_length)
     self.null = {k: np.asarray(v) for k, v in null_document(
         self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
-    self.client = IndexClient(model_dir, self.corpus_metadata, dim)
+    # This process's devices only: each process searches its own queries.
+    self.client = IndexClient(model_dir, self.corpus_metadata, dim,
+                              devices=jax.local_devices(),
+                              block_length=block_length)
 
   def ensure_index(self, step: int, retriever, retriever_params) -> None:
     """Without any published index, embeds the corpus with the current
@@ -54,10 +59,13 @@ class CandidateRetrieval:
       return
     print(f'no index under {publication.index_dir(self.model_dir)}; '
           f'embedding the corpus with the step-{step} retriever', flush=True)
-    embed_and_publish(
-        publication.index_manager(publication.index_dir(self.model_dir)),
-        step, DocumentEmbedder(retriever), retriever_params, self.blocks,
-        self.corpus_metadata)
+    try:
+      embed_and_publish(
+          publication.index_manager(publication.index_dir(self.model_dir)),
+          step, DocumentEmbedder(retriever), retriever_params, self.blocks,
+          self.corpus_metadata)
+    except ocp.checkpoint_manager.StepAlreadyExistsError:
+      pass  # An index builder beside us published the same step first.
     self.client.maybe_refresh(step)
 
   def candidates(self, query_embeddings, source_ids, step: int):

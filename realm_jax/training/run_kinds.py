@@ -17,10 +17,10 @@ import seqio
 from realm_jax import embedded
 from realm_jax.data import corpus
 from realm_jax.index import publication
+from realm_jax.index.refresh import model_retriever
 from realm_jax.models import losses, pretrained
 from realm_jax.models.reader import gold_span_mask, span_mask
 from realm_jax.models.realm import Realm, build_realm
-from realm_jax.models.retriever import Retriever
 from realm_jax.training import checkpoints, partitioning
 from realm_jax.training.retrieval import CandidateRetrieval
 
@@ -95,10 +95,6 @@ class _Retrieving(RunKind):
   model: Realm
   retrieval: CandidateRetrieval
 
-  def _retriever(self) -> Retriever:
-    return Retriever(self.model.retriever_config, self.model.projection_size,
-                     self.model.share_towers)
-
   def _setup_retrieval(self, corpus_name: str, num_candidates: int,
                        null_document_first: bool, exclude_source: bool,
                        block_length: int | None):
@@ -108,7 +104,7 @@ class _Retrieving(RunKind):
         self.model_dir, corpus.corpus_dir(corpus_name),
         self.model.projection_size, num_candidates, null_document_first,
         exclude_source, tokenizer.cls_id, tokenizer.sep_id, block_length)
-    retriever = self._retriever()
+    self.retriever = retriever = model_retriever()
     data = partitioning.batch_sharding(self.mesh)
     self._embed_query = jax.jit(
         lambda params, query: retriever.apply(
@@ -127,7 +123,7 @@ class _Retrieving(RunKind):
     return partitioning.local_rows(embedded_query, self.mesh)
 
   def start(self, params, step):
-    self.retrieval.ensure_index(step, self._retriever(), params['retriever'])
+    self.retrieval.ensure_index(step, self.retriever, params['retriever'])
 
 
 @gin.configurable
@@ -152,9 +148,7 @@ class Ict(RunKind):
 
   def setup(self, model_dir, mesh):
     super().setup(model_dir, mesh)
-    realm = build_realm()
-    self.retriever = Retriever(realm.retriever_config, realm.projection_size,
-                               realm.share_towers)
+    self.retriever = model_retriever()
 
   def init(self, rng):
     return {'retriever': self.retriever.init(rng, _ones(1, 8),
@@ -249,6 +243,11 @@ class Pretrain(_Retrieving):
                                  inputs['mlm_targets'], inputs['mlm_mask'],
                                  self.marginalize)
 
+  def start(self, params, step):
+    # A resumed or extended run: the index builder must keep going.
+    publication.clear_training_done(self.model_dir)
+    super().start(params, step)
+
   def finish(self):
     publication.mark_training_done(self.model_dir)
 
@@ -290,11 +289,20 @@ class Finetune(_Retrieving):
                           block_length=self.block_length)
     # The index is built once from the starting document tower, never again.
     self.retrieval.client.interval = np.iinfo(np.int64).max
+    if self.retrieval.client.searcher_kind != 'exact':
+      raise ValueError(
+          "Fine-tuning reads the index's document embeddings, which only the "
+          "exact searcher keeps: bind IndexClient.searcher = 'exact'.")
 
   def warm_start(self, params):
     if not self.pretrain_model_dir:
       return _bert_warm_start(params, self.bert_dir, self.model.reader_config)
     step, restored = checkpoints.restore_params(self.pretrain_model_dir)
+    if 'reader' not in restored:
+      raise ValueError(
+          f'Finetune.pretrain_model_dir={self.pretrain_model_dir!r}: its step '
+          f'{step} has no reader_params (an ICT run?). Point it at a REALM '
+          'pre-training run, or leave it unset to start from BERT weights.')
     print(f'warm-started from pre-training step {step} of '
           f'{self.pretrain_model_dir}', flush=True)
     return restored

@@ -8,6 +8,7 @@ order unchanged, stops on a non-finite loss, and writes metrics (see
 `metric_writer`) and a progress line.
 """
 
+import logging
 import math
 import os
 import time
@@ -146,11 +147,12 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   mesh = partitioning.make_mesh()
   trainer = Trainer(run, model_dir, mesh, num_steps, seed)
   checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
-  position = {'task': run.task, 'seed': seed, 'batch_size': batch_size}
+  position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
+              'processes': jax.process_count()}  # Shards decide the order.
   latest = checkpoints.latest_step()
   if latest is None:
     state = trainer.initial_state()
-    checkpoints.save(state, {**position, 'batches': 0}, force=True)
+    checkpoints.save(state, 0, {**position, 'batches': 0}, force=True)
   else:
     state, saved = checkpoints.restore(latest, trainer.abstract_state)
     _check_position(saved, position, checkpoints.directory, latest)
@@ -176,11 +178,12 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
                'prepare_seconds': prepared - started,
                'step_seconds': time.perf_counter() - prepared}
     if not math.isfinite(float(metrics['loss'])):
+      checkpoints.wait()  # The last good one, finished.
       raise FloatingPointError(
           f'Loss is {float(metrics["loss"])} at step {step}; the last good '
           f'checkpoint is step {checkpoints.latest_step()} in '
           f'{checkpoints.directory}.')
-    checkpoints.save(state, {**position, 'batches': step},
+    checkpoints.save(state, step, {**position, 'batches': step},
                      force=step == num_steps)
     window.append(metrics)
     if step % log_every == 0 or step == num_steps:
@@ -199,10 +202,13 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   checkpoints.wait()
   checkpoints.close()
   writer.close()
+  run.finish()  # First: the index builder must stop whatever follows.
   if jax.process_index() == 0:
-    plot_curves(metrics_path(model_dir), os.path.join(model_dir,
-                                                      'train_curves.png'))
-  run.finish()
+    try:
+      plot_curves(metrics_path(model_dir),
+                  os.path.join(model_dir, 'train_curves.png'))
+    except (ValueError, OSError) as error:
+      logging.warning('No training-curves plot: %s', error)
   return state
 
 
