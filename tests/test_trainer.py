@@ -186,6 +186,10 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
     assert np.isfinite(row[name]), name
   assert os.listdir(os.path.join(pretrain, 'tensorboard', 'train'))
   assert os.path.getsize(os.path.join(pretrain, 'train_curves.png')) > 0
+  with open(os.path.join(pretrain, 'config.gin')) as f:
+    operative = f.read()
+  assert 'Pretrain.num_candidates = 4' in operative
+  assert 'BertConfig.hidden_size = 32' in operative
 
   gin.clear_config()
   _train(finetune, 'finetune', '--gin.train.num_steps=2',

@@ -160,6 +160,11 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   start = int(state.step)
   run.start(state.params, start)
   writer = create_writer(model_dir)
+  if jax.process_index() == 0:
+    # The operative config, for evaluation and serving to rebuild the model.
+    with open(os.path.join(model_dir, 'config.gin'), 'w',
+              encoding='utf-8') as f:
+      f.write(gin.operative_config_str())
   if eval_every and start == 0:
     _write(writer, 0, trainer.evaluate(state.params, 0, eval_batch_size or
                                        batch_size, eval_batches, seed), 'eval/')
