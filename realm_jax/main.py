@@ -87,6 +87,14 @@ def _parser() -> argparse.ArgumentParser:
                      help='gin config (repeatable; later files override).')
   train.add_argument('--gin_bindings', action='append', default=[])
 
+  fill = commands.add_parser(
+      'fill', help='Fill the [MASK]s of a sentence with a pre-training run, '
+      'showing the documents it retrieved and how each one votes.')
+  fill.add_argument('text', help='e.g. "The [MASK] is the currency of the '
+                    'United Kingdom."')
+  fill.add_argument('--model_dir', required=True,
+                    help='A `realm-jax train` pre-training run.')
+
   refresh = commands.add_parser(
       'refresh', help='The index builder: re-embed and publish every new '
       'trainer checkpoint until training is done.')
@@ -121,6 +129,18 @@ def _train(args) -> None:
   from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
   _parse_gin(args)
   trainer.train(args.model_dir)
+
+
+def _fill(args) -> None:
+  from realm_jax.evaluation.prediction import ClozePredictor  # pylint: disable=g-import-not-at-top
+  result = ClozePredictor(args.model_dir).fill(args.text)
+  print(f'filled: {result["filled"]}   (index step {result["index_step"]})')
+  for j, tokens in enumerate(result['masks'], 1):
+    print(f'[MASK] {j}: p(y|x) ' + '  '.join(f'{t} {p:.3f}' for t, p in tokens))
+  print(f'{"p(z|x)":>7} {"p(y|z,x)":>9}  document')
+  for doc in result['documents']:
+    p_y = ' '.join(f'{p:.3f}' for p in doc['p_y_given_z'])
+    print(f'{doc["p_z"]:7.3f} {p_y:>9}  {doc["title"]}: {doc["text"]}')
 
 
 def _gin_flags(argv):
@@ -216,6 +236,8 @@ def main(argv=None) -> int:
     _refresh(args)
   elif args.command == 'train':
     _train(args)
+  elif args.command == 'fill':
+    _fill(args)
   return 0
 
 

@@ -61,6 +61,20 @@ def marginal_log_likelihood(log_p_z, log_p_y_given_z, target_mask,
                    "'whole_span'.")
 
 
+def marginal_token_log_probs(log_p_z, log_p_vocab, candidate_mask):
+  """log p(y_j = v|x) = log sum_z p(z|x) p(y_j = v|z,x) for every vocab entry.
+
+  Args:
+    log_p_z: [batch, k]; log_p_vocab: [batch, k, M, vocab] log p(y_j|z,x);
+    candidate_mask: [batch, k].
+
+  Returns:
+    [batch, M, vocab].
+  """
+  return masked_logsumexp(log_p_z[:, :, None, None] + log_p_vocab,
+                          candidate_mask[:, :, None, None], axis=1)
+
+
 def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
                    marginalize: Marginalization = 'per_token'):
   """REALM's masked-LM loss, -log p(y|x) per masked token, and its metrics.
@@ -95,9 +109,8 @@ def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
       jnp.where(mlm_mask, log_p_y_given_z[:, 0], 0.0), axis=-1)
   loss = -jnp.sum(log_likelihood) / num_tokens
 
-  marginal_vocab = masked_logsumexp(
-      log_p_z[:, :, None, None] + log_p_vocab,
-      candidate_mask[:, :, None, None], axis=1)
+  marginal_vocab = marginal_token_log_probs(log_p_z, log_p_vocab,
+                                            candidate_mask)
   correct = (jnp.argmax(marginal_vocab, axis=-1) == mlm_targets) & mlm_mask
   p_z = jnp.exp(log_p_z)
   entropy = -jnp.sum(p_z * jnp.where(candidate_mask, log_p_z, 0.0), axis=-1)

@@ -27,7 +27,7 @@ from realm_jax.training.retrieval import CandidateRetrieval
 _KEYS = ('token_ids', 'input_mask', 'token_type_ids')
 
 
-def _tokens(token_ids, token_type_ids=None) -> dict:
+def token_arrays(token_ids, token_type_ids=None) -> dict:
   """token_ids/input_mask/token_type_ids of zero-padded wordpieces."""
   token_ids = np.asarray(token_ids, np.int32)
   return {'token_ids': token_ids,
@@ -100,6 +100,7 @@ class _Retrieving(RunKind):
                        block_length: int | None):
     tokenizer = seqio.get_mixture_or_task(self.task).output_features[
         'query_token_ids'].vocabulary.tokenizer
+    self.tokenizer = tokenizer
     self.retrieval = CandidateRetrieval(
         self.model_dir, corpus.corpus_dir(corpus_name),
         self.model.projection_size, num_candidates, null_document_first,
@@ -159,8 +160,8 @@ class Ict(RunKind):
 
   def prepare(self, examples, params, step):
     del params, step
-    return {'query': _tokens(examples['query_token_ids']),
-            'block': _tokens(examples['block_token_ids'],
+    return {'query': token_arrays(examples['query_token_ids']),
+            'block': token_arrays(examples['block_token_ids'],
                              examples['block_token_type_ids'])}, {}
 
   def loss(self, params, inputs, rng, deterministic):
@@ -224,7 +225,7 @@ class Pretrain(_Retrieving):
     return params
 
   def prepare(self, examples, params, step):
-    query = _tokens(examples['query_token_ids'])
+    query = token_arrays(examples['query_token_ids'])
     blocks, mask, _ = self.retrieval.candidates(
         self.query_embeddings(params, query), examples['block_id'], step)
     targets = np.asarray(examples['mlm_targets'], np.int32)
@@ -317,7 +318,7 @@ class Finetune(_Retrieving):
     return frozen
 
   def prepare(self, examples, params, step):
-    query = _tokens(examples['query_token_ids'])
+    query = token_arrays(examples['query_token_ids'])
     blocks, mask, ids = self.retrieval.candidates(
         self.query_embeddings(params, query),
         np.full(len(query['token_ids']), -1), step)

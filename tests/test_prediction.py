@@ -1,0 +1,69 @@
+"""`realm-jax fill`: the marginal over the retrieved documents, with provenance."""
+
+import gin
+import numpy as np
+import pytest
+
+from realm_jax import main
+from realm_jax.evaluation import prediction
+from tests import test_trainer
+
+
+def test_cloze_query_makes_one_mask_token_per_mask(tokenizer):
+  ids, positions = prediction.cloze_query(
+      tokenizer, 'The [MASK] is the capital of [MASK].', 32)
+  assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id
+  assert [ids[p] for p in positions] == [tokenizer.mask_id] * 2
+  assert positions == [2, 7]
+  with pytest.raises(ValueError, match='No \\[MASK\\]'):
+    prediction.cloze_query(tokenizer, 'no blank here', 32)
+
+
+def test_fill_marginal_is_the_mixture_of_the_conditionals():
+  rng = np.random.default_rng(0)
+  scores = rng.standard_normal((2, 4)).astype(np.float32)
+  mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+  logits = rng.standard_normal((2, 4, 3, 11)).astype(np.float32)
+  log_p_z, log_p_y_z, log_marginal = prediction.fill_distribution(
+      scores, mask, logits)
+  p_z = np.where(mask, np.exp(scores), 0)
+  p_z /= p_z.sum(-1, keepdims=True)
+  p_y_z = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  np.testing.assert_allclose(np.exp(log_marginal),
+                             np.einsum('bk,bkmv->bmv', p_z, p_y_z), atol=1e-6)
+  np.testing.assert_allclose(np.exp(log_marginal).sum(-1), 1, atol=1e-6)
+  np.testing.assert_allclose(np.exp(log_p_z), p_z, atol=1e-6)
+  np.testing.assert_allclose(np.exp(log_p_y_z), p_y_z, atol=1e-6)
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin(small_corpus, monkeypatch):
+  monkeypatch.setenv('REALM_CORPUS_DIR', small_corpus)
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys):
+  model_dir = str(tmp_path / 'pretrain')
+  test_trainer._train(model_dir, 'pretrain', *test_trainer.RETRIEVAL,
+                      '--gin.train.num_steps=2')
+  gin.clear_config()
+  result = prediction.ClozePredictor(model_dir).fill(
+      'The [MASK] is the capital of France.')
+  assert '[MASK]' not in result['filled'] and 'capital' in result['filled']
+  documents = result['documents']
+  assert documents[0]['title'] == '(null document)'
+  assert len(documents) == 4 and all(d['title'] for d in documents)
+  np.testing.assert_allclose(sum(d['p_z'] for d in documents), 1, atol=1e-5)
+  # p(y*|x) = sum_z p(z|x) p(y*|z,x) for the filled token y*.
+  best_token, best_p = result['masks'][0][0]
+  np.testing.assert_allclose(
+      sum(d['p_z'] * d['p_y_given_z'][0] for d in documents), best_p,
+      rtol=1e-4)
+  assert best_token in result['filled']
+  gin.clear_config()
+  main.main(['fill', 'The [MASK] is the capital of France.',
+             f'--model_dir={model_dir}'])
+  out = capsys.readouterr().out
+  assert 'filled:' in out and '(null document)' in out and 'p(z|x)' in out
