@@ -56,3 +56,14 @@ def small_corpus(tmp_path_factory, tokenizer):
   """The first 60 Wikipedia leads (20% held out)."""
   return build_leads_corpus(tmp_path_factory.mktemp('corpora'), tokenizer, 60,
                             validation_per_mille=200)
+
+
+@pytest.fixture
+def small_corpus_gin(small_corpus, monkeypatch):
+  """REALM_CORPUS_DIR at the small corpus and a clean gin config around the
+  test (the CLI's gin parse locks the config)."""
+  import gin
+  monkeypatch.setenv('REALM_CORPUS_DIR', small_corpus)
+  gin.clear_config()
+  yield small_corpus
+  gin.clear_config()

@@ -36,12 +36,7 @@ def test_fill_marginal_is_the_mixture_of_the_conditionals():
   np.testing.assert_allclose(np.exp(log_p_y_z), p_y_z, atol=1e-6)
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin(small_corpus, monkeypatch):
-  monkeypatch.setenv('REALM_CORPUS_DIR', small_corpus)
-  gin.clear_config()
-  yield
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures('small_corpus_gin')
 
 
 def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys):

@@ -30,12 +30,7 @@ RETRIEVAL = ['--gin.Pretrain.num_candidates=4', '--gin.Pretrain.max_masked=8',
              '--gin.Pretrain.query_length=32', "--gin.Pretrain.bert_dir=''"]
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin(small_corpus, monkeypatch):
-  monkeypatch.setenv('REALM_CORPUS_DIR', small_corpus)
-  gin.clear_config()
-  yield
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures('small_corpus_gin')
 
 
 def _metrics(model_dir, name='train'):
