@@ -95,6 +95,33 @@ def _parser() -> argparse.ArgumentParser:
   fill.add_argument('--model_dir', required=True,
                     help='A `realm-jax train` pre-training run.')
 
+  evaluate = commands.add_parser(
+      'eval', help='Score a run on an Open-QA test set through '
+      'seqio.Evaluator: exact match (regex match for CuratedTREC) of a '
+      'fine-tuning run, and retrieval recall@5 of any run.')
+  evaluate.add_argument('--model_dir', required=True,
+                        help='A `realm-jax train` run (ICT, pre-training or '
+                        'fine-tuning).')
+  evaluate.add_argument('--task', action='append', required=True,
+                        choices=('nq_open', 'web_questions', 'curated_trec'),
+                        help='Repeatable.')
+  evaluate.add_argument('--output_dir', default=None,
+                        help='Default: model_dir/eval.')
+  evaluate.add_argument('--step', type=int, default=None,
+                        help='Checkpoint to score (default: the newest).')
+  evaluate.add_argument('--batch_size', type=int, default=32)
+  evaluate.add_argument('--num_examples', type=int, default=None,
+                        help='Only the first N questions (quick looks).')
+  add_gin(evaluate, "the run's model_dir/config.gin alone; files given here "
+          'are layered over it')
+
+  ask = commands.add_parser(
+      'ask', help='Answer a question with a fine-tuning run, showing the '
+      'blocks it read and how each one supports the answer.')
+  ask.add_argument('question', help='e.g. "who wrote the origin of species?"')
+  ask.add_argument('--model_dir', required=True,
+                   help='A `realm-jax train` fine-tuning run.')
+
   refresh = commands.add_parser(
       'refresh', help='The index builder: re-embed and publish every new '
       'trainer checkpoint until training is done.')
@@ -141,6 +168,37 @@ def _fill(args) -> None:
   for doc in result['documents']:
     p_y = ' '.join(f'{p:.3f}' for p in doc['p_y_given_z'])
     print(f'{doc["p_z"]:7.3f} {p_y:>9}  {doc["title"]}: {doc["text"]}')
+
+
+def _eval(args) -> None:
+  from realm_jax.evaluation import qa_evaluation  # pylint: disable=g-import-not-at-top
+  predictor = qa_evaluation.QAPredictor(
+      args.model_dir, args.step, args.gin_file or (), args.gin_bindings)
+  output_dir = args.output_dir or os.path.join(args.model_dir, 'eval')
+  for task in args.task:
+    summary = qa_evaluation.evaluate(predictor, task, output_dir,
+                                     args.batch_size, args.num_examples)
+    print(f'{task} ({predictor.kind} step {predictor.step}, index step '
+          f'{summary["index_step"]}): ' + ', '.join(
+              f'{k} {v:.2f}' if isinstance(v, float) else f'{k} {v}'
+              for k, v in summary.items() if k not in (
+                  'task', 'model_dir', 'run_kind', 'step', 'index_step')))
+  print(f'predictions and metrics in {output_dir}')
+
+
+def _ask(args) -> None:
+  from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
+  result = QAPredictor(args.model_dir).ask(args.question)
+  print(f'Q: {result["question"]}')
+  print(f'A: {result["answer"]}   p(y|x) = {result["p_answer"]:.3f}   '
+        f'(step {result["step"]}, index step {result["index_step"]})')
+  if result['alternatives']:
+    print('   else: ' + '  '.join(f'{t} {p:.3f}'
+                                  for t, p in result['alternatives']))
+  print(f'{"p(z|x)":>7} {"p(y|z,x)":>9}  block')
+  for block in result['blocks']:
+    print(f'{block["p_z"]:7.3f} {block["p_y_given_z"]:9.3f}  '
+          f'{block["title"]}: {block["text"]}')
 
 
 def _gin_flags(argv):
@@ -238,6 +296,10 @@ def main(argv=None) -> int:
     _train(args)
   elif args.command == 'fill':
     _fill(args)
+  elif args.command == 'eval':
+    _eval(args)
+  elif args.command == 'ask':
+    _ask(args)
   return 0
 
 

@@ -39,6 +39,8 @@ class WordPieceTokenizer:
           f'WordPiece vocab {vocab_path} ({len(self.vocab)} lines) lacks the '
           f'special tokens {absent}.')
     self.vocab_path = vocab_path
+    self._lower_case = lower_case
+    self._offsets_tokenizer = None
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         ids[t] for t in SPECIAL_TOKENS)
     # Eagerly, even when first built inside a tf.data map: the table must
@@ -59,6 +61,24 @@ class WordPieceTokenizer:
   def tokenize(self, texts) -> tf.RaggedTensor:
     """[batch] strings -> [batch, (wordpieces)] int64 ids."""
     return self._tokenizer.tokenize(texts).merge_dims(-2, -1)
+
+  def tokenize_with_offsets(self, text: str
+                            ) -> tuple[list[int], list[tuple[int, int]]]:
+    """The wordpieces of `text` and each one's UTF-8 byte span in `text` itself.
+
+    BertTokenizer's offsets point into its lower-cased, accent-stripped copy
+    of the text; FastBertTokenizer (the same WordPiece) tracks the original,
+    so a predicted span maps back to the text with its casing and spacing.
+    """
+    if self._offsets_tokenizer is None:
+      with tf.init_scope():
+        self._offsets_tokenizer = tf_text.FastBertTokenizer(
+            self.vocab, token_out_type=tf.int64,
+            lower_case_nfd_strip_accents=self._lower_case)
+    ids, starts, ends = self._offsets_tokenizer.tokenize_with_offsets(
+        tf.constant([text]))
+    return ids[0].numpy().tolist(), list(zip(starts[0].numpy().tolist(),
+                                             ends[0].numpy().tolist()))
 
   @property
   def first_regular_id(self) -> int:

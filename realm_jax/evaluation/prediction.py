@@ -1,12 +1,15 @@
-"""Predictions with provenance from a REALM pre-training run's model_dir.
+"""Predictions with provenance from a training run's model_dir.
 
-`ClozePredictor` rebuilds the model from the run's saved gin config
-(model_dir/config.gin), its newest parameters and its newest index, and fills
-the [MASK]s of a sentence. It shows, as the paper's Table 3 does, the marginal
-p(y|x) over the retrieved candidates (the null document included) and each
-candidate's p(z|x) and p(y|z,x).
+Both predictors rebuild the model from the run's saved gin config
+(model_dir/config.gin), a checkpoint's parameters and an index.
+`ClozePredictor` fills the [MASK]s of a sentence with a pre-training run and
+shows, as the paper's Table 3 does, the marginal p(y|x) over the retrieved
+candidates (the null document included) and each candidate's p(z|x) and
+p(y|z,x). `QAPredictor` answers questions with a fine-tuning run, with the
+same provenance, and retrieves for any run.
 """
 
+import functools
 import os
 
 import gin
@@ -14,10 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from realm_jax.data import corpus
+from realm_jax.evaluation.answers import BlockTexts, answers_of, block_segments
 from realm_jax.models import losses
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
+from realm_jax.models.reader import span_mask
 from realm_jax.training import checkpoints, partitioning, run_kinds
+from realm_jax.training import trainer  # pylint: disable=unused-import  (train.run in config.gin)
 
 MASK = '[MASK]'
 
@@ -51,34 +56,62 @@ def fill_distribution(scores, candidate_mask, mlm_logits):
       log_p_z, log_p_vocab, candidate_mask)
 
 
-class ClozePredictor:
-  """Fills [MASK]s with a pre-training run's newest parameters and index."""
+class RestoredRun:
+  """A run rebuilt from its model_dir: the saved gin config (model_dir/
+  config.gin, then any `gin_files`/`gin_bindings` layered over it), a run
+  kind built from it on one device, and the parameters of checkpoint `step`
+  (default the newest)."""
 
-  def __init__(self, model_dir: str):
+  def __init__(self, model_dir: str, run_kind, step: int | None = None,
+               gin_files=(), gin_bindings=()):
     config = os.path.join(model_dir, 'config.gin')
     if not os.path.exists(config):
       raise FileNotFoundError(f'No {config}: is {model_dir} a realm-jax '
-                              'pre-training run?')
-    gin.parse_config_file(config, skip_unknown=True)
-    self.run = run_kinds.Pretrain()
-    # One query at a time: a one-device mesh.
+                              'training run?')
+    gin.clear_config()
+    gin.parse_config_files_and_bindings([config, *gin_files], gin_bindings,
+                                        skip_unknown=True,
+                                        finalize_config=False)
+    self.kind = gin.query_parameter('train.run').selector
+    self.run = run_kind()
+    # One question at a time, or small batches: a one-device mesh.
     self.run.setup(model_dir, partitioning.make_mesh(
         1, 1, devices=jax.local_devices()[:1]))
-    self.step, self.params = checkpoints.restore_params(model_dir)
-    self.run.retrieval.client.maybe_refresh(self.step)
+    self.step, self.params = checkpoints.restore_params(model_dir, step)
     self.tokenizer = self.run.tokenizer
-    self._titles = None
+    self._texts = None
+
+  @property
+  def texts(self) -> BlockTexts:
+    if self._texts is None:
+      self._texts = BlockTexts(self.run.retrieval.corpus_dir, self.tokenizer)
+    return self._texts
+
+  def query(self, texts, length: int) -> dict:
+    """`[CLS] text [SEP]` token arrays of questions, cut to `length`."""
+    return self.tokenizer.numpy_join(list(texts), max_length=length)
+
+  def document(self, block_id: int) -> tuple[str, str]:
+    """(title, the first words of the body) of a block."""
+    if block_id == NULL_DOCUMENT_ID:
+      return '(null document)', ''
+    return (self.texts.titles[block_id],
+            ' '.join(self.texts.bodies[block_id].split()[:12]))
+
+
+class ClozePredictor(RestoredRun):
+  """Fills [MASK]s with a pre-training run's newest parameters and index."""
+
+  def __init__(self, model_dir: str, gin_files=(), gin_bindings=()):
+    super().__init__(model_dir, run_kinds.Pretrain, gin_files=gin_files,
+                     gin_bindings=gin_bindings)
+    if 'reader' not in self.params:
+      raise ValueError(f'{model_dir} is an ICT run: it has no reader to fill '
+                       'blanks with.')
+    self.run.retrieval.client.maybe_refresh(self.step)
     self._apply = jax.jit(lambda params, inputs: self.run.model.apply(
         {'params': params}, inputs['query'], inputs['candidates'],
         inputs['mlm_positions'], method='pretrain'))
-
-  def _documents(self) -> dict[int, tuple[str, str]]:
-    if self._titles is None:
-      self._titles = {
-          int(b['block_id']): (b['title'].decode(), b['body'].decode())
-          for b in corpus.read_blocks(
-              self.run.retrieval.corpus_dir).as_numpy_iterator()}
-    return self._titles
 
   def fill(self, text: str, top_tokens: int = 5) -> dict:
     """The filled text, each mask's top tokens under p(y|x), and every
@@ -108,11 +141,9 @@ class ClozePredictor:
     for z, block_id in enumerate(candidate_ids[0]):
       if not candidate_mask[0, z]:
         continue
-      title, body = (('(null document)', '') if block_id == NULL_DOCUMENT_ID
-                     else self._documents()[int(block_id)])
+      title, words = self.document(int(block_id))
       documents.append({
-          'block_id': int(block_id), 'title': title,
-          'text': ' '.join(body.split()[:12]),
+          'block_id': int(block_id), 'title': title, 'text': words,
           'p_z': float(np.exp(log_p_z[z])),
           'p_y_given_z': [float(np.exp(log_p_vocab[z, j, best[j]]))
                           for j in range(masks)]})
@@ -125,3 +156,110 @@ class ClozePredictor:
         'documents': documents,
         'index_step': self.run.retrieval.client.index_step,
     }
+
+
+def read_answers(model, params, inputs, top_spans: int):
+  """The span reader over the candidates, reduced to what answers need.
+
+  Returns log p(z|x) [B, k], and for each candidate its `top_spans` best
+  spans: log p(s|z,x) [B, k, N] (softmax over the spans inside z), start
+  positions and widths [B, k, N]; and the reader's token ids [B, k, L].
+  """
+  scores, spans, reader_inputs = model.apply(
+      {'params': params}, inputs['query'], inputs['candidates'],
+      inputs['candidate_embeddings'], method='read_spans')
+  mask = inputs['candidate_mask']
+  valid = span_mask(reader_inputs['block_mask'], model.max_span_width) & (
+      mask[:, :, None, None])
+  log_p_span = jnp.where(valid, spans - losses.masked_logsumexp(
+      spans, valid, axis=(2, 3))[..., None, None], -jnp.inf)
+  batch, k, length, width = spans.shape
+  top, index = jax.lax.top_k(log_p_span.reshape(batch, k, length * width),
+                             top_spans)
+  return (losses.candidate_log_probs(scores, mask), top, index // width,
+          index % width, reader_inputs['token_ids'])
+
+
+class QAPredictor(RestoredRun):
+  """Open-QA with provenance: answers of a fine-tuning run, or the top blocks
+  alone of any run (ICT, pre-training, fine-tuning).
+
+  A fine-tuning run reads with the index it trained with (its document
+  embeddings are frozen). Any other run is a retriever under evaluation: it
+  searches the index of its own step, embedded now if none was published.
+  """
+
+  def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
+               gin_bindings=(), recall_k: int = 5, top_spans: int = 8):
+    super().__init__(model_dir, run_kinds.Finetune, step, gin_files,
+                     gin_bindings)
+    self.reads = self.kind == 'Finetune'
+    retrieval = self.run.retrieval
+    if self.reads:
+      retrieval.client.maybe_refresh(self.step)
+    else:
+      retrieval.index_at(self.step, self.run.retriever,
+                         self.params['retriever'])
+    self.recall_k = recall_k
+    self.num_candidates = self.run.num_candidates
+    self.query_length = self.run.shapes['query_token_ids'][0]
+    self._read = jax.jit(functools.partial(read_answers, self.run.model,
+                                           top_spans=top_spans))
+
+  def predict(self, query: dict) -> list[dict]:
+    """Per question: the top `recall_k` blocks (ids, retrieval scores) and,
+    for a fine-tuning run, its answers (`answers.Answer`), most probable
+    first, with the candidates' p(z|x)."""
+    retrieval = self.run.retrieval
+    fetch = max(self.recall_k, self.num_candidates if self.reads else 0)
+    scores, ids = retrieval.client.search(
+        self.run.query_embeddings(self.params, query), fetch)
+    scores, ids = np.asarray(scores), np.asarray(ids)
+    results = [{'block_ids': [int(i) for i in row[:self.recall_k]],
+                'retrieval_scores': [float(s) for s in srow[:self.recall_k]]}
+               for row, srow in zip(ids, scores)]
+    if not self.reads:
+      return results
+    candidate_ids = ids[:, :self.num_candidates]
+    blocks = retrieval.blocks_of(candidate_ids)
+    outputs = self._read(self.params, {
+        'query': query, 'candidates': blocks,
+        'candidate_mask': candidate_ids >= 0,
+        'candidate_embeddings': retrieval.client.document_embeddings(
+            candidate_ids)})
+    log_p_z, span_log_p, starts, widths, reader_ids = (np.asarray(x)
+                                                       for x in outputs)
+    query_lengths = np.sum(query['input_mask'], axis=-1)
+    for b, result in enumerate(results):
+      locate = block_segments(blocks['token_type_ids'][b],
+                              int(query_lengths[b]),
+                              self.run.model.include_title)
+      result['candidates'] = [
+          {'block_id': int(z_id), 'p_z': float(np.exp(log_p_z[b, z]))}
+          for z, z_id in enumerate(candidate_ids[b]) if z_id >= 0]
+      result['answers'] = answers_of(
+          self.texts, candidate_ids[b], log_p_z[b], span_log_p[b], starts[b],
+          widths[b], reader_ids[b], locate)
+    return results
+
+  def ask(self, question: str) -> dict:
+    """One question: its best answer, p(y|x), and each candidate block with
+    p(z|x) and p(y|z,x) of that answer."""
+    if not self.reads:
+      raise ValueError(f'{self.run.model_dir} is a {self.kind} run; answering '
+                       'needs a fine-tuned reader (a Finetune run).')
+    result = self.predict(self.query([question], self.query_length))[0]
+    best = result['answers'][0] if result['answers'] else None
+    blocks = []
+    for candidate in result['candidates']:
+      title, words = self.document(candidate['block_id'])
+      blocks.append({**candidate, 'title': title, 'text': words,
+                     'p_y_given_z': (best.per_block.get(candidate['block_id'],
+                                                        0.0) if best else 0.0)})
+    return {'question': question,
+            'answer': best.text if best else '',
+            'p_answer': best.probability if best else 0.0,
+            'alternatives': [(a.text, a.probability)
+                             for a in result['answers'][1:]],
+            'blocks': blocks, 'step': self.step,
+            'index_step': self.run.retrieval.client.index_step}

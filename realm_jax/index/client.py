@@ -48,9 +48,10 @@ class IndexClient:
     self._manager.reload()
     return self._manager.latest_step()
 
-  def maybe_refresh(self, step: int) -> bool:
-    """Swaps in a newer index if one is due and published; True if swapped."""
-    if (self.searcher is not None and self._last_check is not None
+  def maybe_refresh(self, step: int, force: bool = False) -> bool:
+    """Swaps in a newer index if one is due (or `force`) and published; True
+    if swapped."""
+    if (not force and self.searcher is not None and self._last_check is not None
         and step - self._last_check < self.interval):
       return False
     self._last_check = step

@@ -72,15 +72,21 @@ class Checkpoints:
     self.manager.close()
 
 
-def restore_params(model_dir: str) -> tuple[int, dict]:
-  """(step, {'retriever': ..., 'reader': ...}) of a run's newest checkpoint,
-  for warm starts; 'reader' only if the run had one."""
+def restore_params(model_dir: str, step: int | None = None
+                   ) -> tuple[int, dict]:
+  """(step, {'retriever': ..., 'reader': ...}) of a run's checkpoint `step`
+  (default the newest), for warm starts and evaluation; 'reader' only if the
+  run had one."""
   manager = publication.trainer_checkpoints(model_dir)
-  step = manager.latest_step()
+  if step is None:
+    step = manager.latest_step()
   if step is None:
     raise FileNotFoundError(
-        f'No checkpoint under {publication.checkpoints_dir(model_dir)} to '
-        'warm-start from.')
+        f'No checkpoint under {publication.checkpoints_dir(model_dir)}.')
+  if step not in manager.all_steps():
+    raise FileNotFoundError(
+        f'No checkpoint {step} under {publication.checkpoints_dir(model_dir)};'
+        f' kept: {sorted(manager.all_steps())}.')
   names = [name for name in ('retriever', 'reader') if os.path.isdir(
       os.path.join(str(manager.directory), str(step), _params_item(name)))]
   restored = manager.restore(step, args=ocp.args.Composite(**{

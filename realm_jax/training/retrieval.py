@@ -51,14 +51,9 @@ class CandidateRetrieval:
                               devices=jax.local_devices(),
                               block_length=block_length)
 
-  def ensure_index(self, step: int, retriever, retriever_params) -> None:
-    """Without any published index, embeds the corpus with the current
-    towers and publishes it as `step`, as the index builder would."""
-    self.client.maybe_refresh(step)
-    if self.client.searcher is not None:
-      return
-    print(f'no index under {publication.index_dir(self.model_dir)}; '
-          f'embedding the corpus with the step-{step} retriever', flush=True)
+  def _publish(self, step: int, retriever, retriever_params) -> None:
+    print(f'embedding the corpus with the step-{step} retriever into '
+          f'{publication.index_dir(self.model_dir)}', flush=True)
     try:
       embed_and_publish(
           publication.index_manager(publication.index_dir(self.model_dir)),
@@ -66,7 +61,31 @@ class CandidateRetrieval:
           self.corpus_metadata)
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass  # An index builder beside us published the same step first.
+
+  def ensure_index(self, step: int, retriever, retriever_params) -> None:
+    """Without any published index, embeds the corpus with the current
+    towers and publishes it as `step`, as the index builder would."""
     self.client.maybe_refresh(step)
+    if self.client.searcher is not None:
+      return
+    self._publish(step, retriever, retriever_params)
+    self.client.maybe_refresh(step)
+
+  def index_at(self, step: int, retriever, retriever_params) -> None:
+    """Serves the index of exactly `step`, embedding it if none was published
+    (evaluating a retriever, not the stale index it trained with)."""
+    self.client.maybe_refresh(step, force=True)
+    if self.client.index_step != step:
+      self._publish(step, retriever, retriever_params)
+      self.client.maybe_refresh(step, force=True)
+    if self.client.index_step != step:
+      raise RuntimeError(
+          f'{publication.index_dir(self.model_dir)} serves step '
+          f'{self.client.index_step}, not the evaluated step {step}.')
+
+  def blocks_of(self, ids):
+    """[B, k] block ids (NULL_DOCUMENT_ID for none) -> their token arrays."""
+    return gather_blocks(self.blocks, np.asarray(ids), self.null, xp=np)
 
   def candidates(self, query_embeddings, source_ids, step: int):
     """(blocks [B, k, L] token arrays, candidate_mask [B, k], ids [B, k]).
@@ -83,4 +102,4 @@ class CandidateRetrieval:
           ids, exclude, self.num_candidates))
     else:
       mask = ids >= 0
-    return gather_blocks(self.blocks, ids, self.null, xp=np), mask, ids
+    return self.blocks_of(ids), mask, ids

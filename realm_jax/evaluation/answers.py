@@ -1,0 +1,138 @@
+"""Answer strings from the span reader, in the words of the block they came from.
+
+REALM's Open-QA model (section 3.2) scores a string y by
+p(y|x) = sum_z p(z|x) p(y|z,x), where p(y|z,x) sums the reader's span
+probabilities p(s|z,x) over the spans s of z that spell y. The reader sees
+wordpieces; the answer shown to a person (and scored by exact match) is the
+stretch of the block's own text those wordpieces cover, with its casing,
+accents and spacing.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from realm_jax.data import corpus
+from realm_jax.evaluation.metrics import normalize_answer
+from realm_jax.models.candidates import NULL_DOCUMENT_ID
+
+
+class BlockTexts:
+  """The title and body of every block of a corpus, and the text of a span."""
+
+  def __init__(self, corpus_dir: str, tokenizer):
+    self.tokenizer = tokenizer
+    self.titles, self.bodies = {}, {}
+    for block in corpus.read_blocks(corpus_dir).as_numpy_iterator():
+      block_id = int(block['block_id'])
+      self.titles[block_id] = block['title'].decode('utf-8')
+      self.bodies[block_id] = block['body'].decode('utf-8')
+    self._offsets = {}
+    # Spans whose wordpieces did not line up with the text (counted, shown
+    # as detokenized wordpieces instead).
+    self.unaligned = 0
+
+  def _pieces(self, block_id: int, segment: str):
+    key = (block_id, segment)
+    if key not in self._offsets:
+      text = (self.titles if segment == 'title' else self.bodies)[block_id]
+      ids, offsets = self.tokenizer.tokenize_with_offsets(text)
+      self._offsets[key] = (text.encode('utf-8'), ids, offsets)
+    return self._offsets[key]
+
+  def span_text(self, block_id: int, segment: str, first: int, last: int,
+                token_ids) -> str:
+    """The text of wordpieces first..last of a block's title or body.
+
+    `token_ids` are the wordpieces the reader saw there; if the text does
+    not tokenize to them (it always should), the detokenized wordpieces are
+    returned and counted in `unaligned`.
+    """
+    token_ids = [int(t) for t in token_ids]
+    raw, ids, offsets = self._pieces(block_id, segment)
+    if first >= 0 and last < len(ids) and ids[first:last + 1] == token_ids:
+      return raw[offsets[first][0]:offsets[last][1]].decode('utf-8')
+    self.unaligned += 1
+    return self.tokenizer.detokenize(token_ids).numpy().decode('utf-8')
+
+
+@dataclasses.dataclass
+class Answer:
+  """One answer string and where its probability comes from."""
+  text: str
+  probability: float  # p(y|x)
+  # block id -> p(y|z,x), for every candidate z with a span spelling y.
+  per_block: dict[int, float]
+
+
+def block_segments(block_token_type_ids, query_length: int,
+                   include_title: bool):
+  """For each candidate, where its title and body start in the reader input.
+
+  Returns a function (z, position) -> (segment, index in that segment), or
+  None for a position on a separator.
+  """
+  # Block tokens are `[CLS] title [SEP] body [SEP]`, type 0 up to the first
+  # [SEP]; the reader input is `[CLS] x [SEP]` then the block from its title
+  # (include_title) or its body on (see candidates.join_query_and_blocks).
+  title_lengths = np.sum(np.asarray(block_token_type_ids) == 0, axis=-1)
+
+  def locate(z: int, position: int):
+    title_length = int(title_lengths[z])  # [CLS] title [SEP]
+    block_start = 1 if include_title else title_length
+    index = block_start + position - query_length
+    if 1 <= index < title_length - 1:
+      return 'title', index - 1
+    if index >= title_length:
+      return 'body', index - title_length
+    return None
+
+  return locate
+
+
+def answers_of(texts: BlockTexts, candidate_ids, log_p_z, span_log_probs,
+               span_starts, span_widths, reader_token_ids, locate,
+               max_answers: int = 5) -> list[Answer]:
+  """The answer strings of one question, most probable first.
+
+  Args:
+    texts: the corpus' text.
+    candidate_ids: [k] block ids (NULL_DOCUMENT_ID on padding).
+    log_p_z: [k] log p(z|x), -inf on padding.
+    span_log_probs: [k, N] log p(s|z,x) of each candidate's N best spans.
+    span_starts / span_widths: [k, N] reader positions of those spans.
+    reader_token_ids: [k, L] reader inputs.
+    locate: see `block_segments`.
+    max_answers: how many strings to return.
+
+  p(y|z,x) only counts the N best spans of z: the rest carry the remainder
+  of its probability mass, which no answer then claims.
+  """
+  by_key: dict[str, Answer] = {}
+  best_joint: dict[str, float] = {}
+  for z, block_id in enumerate(np.asarray(candidate_ids)):
+    if block_id == NULL_DOCUMENT_ID or not np.isfinite(log_p_z[z]):
+      continue
+    for log_p, start, width in zip(span_log_probs[z], span_starts[z],
+                                   span_widths[z]):
+      if not np.isfinite(log_p):
+        continue
+      first = locate(z, int(start))
+      last = locate(z, int(start) + int(width))
+      if first is None or last is None or first[0] != last[0]:
+        continue  # A span across the title/body separator.
+      text = texts.span_text(
+          int(block_id), first[0], first[1], last[1],
+          reader_token_ids[z][int(start):int(start) + int(width) + 1])
+      key = normalize_answer(text)
+      if not key:
+        continue
+      answer = by_key.setdefault(key, Answer(text, 0.0, {}))
+      p_s = float(np.exp(log_p))
+      answer.per_block[int(block_id)] = answer.per_block.get(
+          int(block_id), 0.0) + p_s
+      answer.probability += float(np.exp(log_p_z[z])) * p_s
+      joint = float(log_p_z[z] + log_p)
+      if joint > best_joint.get(key, -np.inf):
+        best_joint[key], answer.text = joint, text  # Its likeliest wording.
+  return sorted(by_key.values(), key=lambda a: -a.probability)[:max_answers]

@@ -1,0 +1,169 @@
+"""`realm-jax eval`: Open-QA scored as REALM scores it, driven by seqio.
+
+`seqio.Evaluator` reads a QA task's test split, hands its questions to a
+`QAPredictor` (through `QAFeatureConverter`, as t5x's eval.py hands batches
+to a model) and applies the task's own metric: exact match, or regex match
+for CuratedTREC. Beside it this module measures retrieval: recall@k, the
+fraction of questions with an answer string in one of their top-k blocks,
+and which questions have an answer anywhere in the corpus (the subset the
+small embedded corpus can answer at all). Every prediction is written as a
+JSONL row with its retrieved blocks.
+"""
+
+import json
+import os
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from realm_jax.data import open_qa
+from realm_jax.evaluation import metrics
+from realm_jax.evaluation.prediction import QAPredictor
+from realm_jax.progress import Progress
+from realm_jax.training.run_kinds import token_arrays
+
+Spec = seqio.FeatureConverter.FeatureSpec
+
+
+class QAFeatureConverter(seqio.FeatureConverter):
+  """QA task features -> model features: the question's `[CLS] x [SEP]`
+  wordpieces, padded to the model's query length. Answers stay with the
+  task; seqio's metrics read them from there."""
+  TASK_FEATURES = {'query_token_ids': Spec(dtype=tf.int32),
+                   'answer_token_ids': Spec(dtype=tf.int32, rank=2),
+                   'targets': Spec(dtype=tf.int32)}
+  MODEL_FEATURES = {'query_token_ids': Spec(dtype=tf.int32)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def __init__(self, pack: bool = False, **kwargs):
+    if pack:
+      raise ValueError('QA questions are never packed.')
+    super().__init__(pack=False, **kwargs)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    ds = ds.map(lambda f: {'query_token_ids': f['query_token_ids']},
+                num_parallel_calls=tf.data.AUTOTUNE)
+    return seqio.utils.trim_and_pad_dataset(
+        ds, self.get_model_feature_lengths(task_feature_lengths))
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {'query_token_ids': task_feature_lengths['query_token_ids']}
+
+
+class AnswerIndex:
+  """Does an answer occur anywhere in the corpus, as `metrics.has_answer`
+  decides for one block? All blocks joined once, one search per answer."""
+
+  def __init__(self, texts):
+    texts = list(texts)
+    # Newlines separate blocks: normalized text has none, and regex '.'
+    # does not cross them.
+    self._normalized = ' ' + ' \n '.join(
+        metrics.normalize_answer(t) for t in texts) + ' '
+    self._raw = '\n'.join(texts)
+
+  def anywhere(self, references, regex: bool) -> bool:
+    if regex:
+      compiled = [metrics.compile_answer_pattern(r) for r in references]
+      return any(c is not None and c.search(self._raw) for c in compiled)
+    return any(f' {metrics.normalize_answer(r)} ' in self._normalized
+               for r in references if metrics.normalize_answer(r))
+
+
+def evaluate(predictor: QAPredictor, task: str, output_dir: str,
+             batch_size: int = 32, num_examples: int | None = None) -> dict:
+  """Scores `predictor` on the test split of `task`.
+
+  Writes output_dir/<task>_predictions.jsonl and <task>_metrics.json and
+  returns the metrics: exact_match (or regex_match) when the predictor reads,
+  recall@k, and both again on the questions whose answer is in the corpus.
+  """
+  regex = task in open_qa.REGEX_ANSWERS
+  evaluator = seqio.Evaluator(
+      task, QAFeatureConverter(), eval_split='test',
+      sequence_length={'query_token_ids': predictor.query_length},
+      num_examples=num_examples, async_compute_metrics=False)
+  if not evaluator.eval_tasks:
+    raise ValueError(f'seqio task {task!r} has no test split with metrics.')
+  examples = list(evaluator.cached_task_datasets[task].as_numpy_iterator())
+  results: dict[int, dict] = {}
+
+  def predict_fn(dataset):
+    progress = Progress(f'eval {task}', len(examples), unit='questions',
+                        every_s=15)
+    outputs = []
+    for indices, features in dataset.batch(batch_size).as_numpy_iterator():
+      batch = predictor.predict(token_arrays(features['query_token_ids']))
+      for index, result in zip(indices, batch):
+        results[int(index)] = result
+        answers = result.get('answers') or []
+        outputs.append((int(index), answers[0].text if answers else ''))
+      progress.update(len(indices))
+    return outputs
+
+  if predictor.reads:
+    seqio_metrics, _ = evaluator.evaluate(compute_metrics=True,
+                                          predict_fn=predict_fn)
+    task_metrics = seqio_metrics.result()[task]
+  else:  # A retriever alone: recall only, no reader to score.
+    predict_fn(evaluator.cached_model_datasets[task])
+    task_metrics = {}
+
+  texts = predictor.texts
+  answer_index = AnswerIndex(texts.bodies.values())
+  rows = []
+  for index, example in enumerate(examples):
+    references = [a.decode('utf-8') for a in example['answers']]
+    result = results[index]
+    retrieved = [texts.bodies[i] for i in result['block_ids'] if i >= 0]
+    answers = result.get('answers') or []
+    prediction = answers[0].text if answers else ''
+    row = {
+        'question': example['question'].decode('utf-8'),
+        'references': references,
+        'answer_in_top_k': any(metrics.has_answer(t, references, regex)
+                               for t in retrieved),
+        'answer_in_corpus': answer_index.anywhere(references, regex),
+        'retrieved': [{'block_id': i, 'title': texts.titles.get(i, ''),
+                       'score': s} for i, s in zip(
+                           result['block_ids'], result['retrieval_scores'])],
+    }
+    if predictor.reads:
+      row.update(
+          prediction=prediction,
+          p_answer=answers[0].probability if answers else 0.0,
+          correct=(metrics.regex_match_score(prediction, references) if regex
+                   else metrics.exact_match_score(prediction, references)),
+          candidates=result['candidates'])
+    rows.append(row)
+
+  k = predictor.recall_k
+  percent = lambda xs: 100.0 * float(np.mean(xs)) if len(xs) else 0.0
+  subset = [r for r in rows if r['answer_in_corpus']]
+  summary = {
+      'task': task, 'model_dir': predictor.run.model_dir,
+      'run_kind': predictor.kind, 'step': predictor.step,
+      'index_step': predictor.run.retrieval.client.index_step,
+      'questions': len(rows), 'answer_in_corpus': len(subset),
+      f'recall@{k}': percent([r['answer_in_top_k'] for r in rows]),
+      f'recall@{k}_answer_in_corpus': percent(
+          [r['answer_in_top_k'] for r in subset]),
+      **{name: float(v) for name, v in task_metrics.items()},
+  }
+  if predictor.reads:
+    name = 'regex_match' if regex else 'exact_match'
+    own = percent([r['correct'] for r in rows])
+    if abs(own - summary[name]) > 1e-6:
+      raise AssertionError(f'{name}: seqio says {summary[name]}, the '
+                           f'predictions file says {own}.')
+    summary[f'{name}_answer_in_corpus'] = percent(
+        [r['correct'] for r in subset])
+    summary['unaligned_spans'] = texts.unaligned
+  os.makedirs(output_dir, exist_ok=True)
+  with open(os.path.join(output_dir, f'{task}_predictions.jsonl'), 'w') as f:
+    for row in rows:
+      f.write(json.dumps(row) + '\n')
+  with open(os.path.join(output_dir, f'{task}_metrics.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  return summary

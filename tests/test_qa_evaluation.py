@@ -1,0 +1,132 @@
+"""`realm-jax eval` and `ask`: known EM and recall from a fixed model and
+corpus, and answers in the block's own words."""
+
+import json
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+from realm_jax import main
+from realm_jax.data import corpus
+from realm_jax.evaluation import qa_evaluation
+from realm_jax.evaluation.answers import BlockTexts, answers_of
+from tests import test_trainer
+
+# Every body starts with "Zebra" and holds "stripes"; none says "giraffe".
+ARTICLES = [{'title': f'Animal {i}',
+             'text': f'Zebra herd number {i} has black and white stripes. '
+                     f'It lives in park {i}.'} for i in range(11)] + [
+    {'title': 'Crossings',
+     'text': 'Zebra crossings of São Paulo, U.S.A.  are 1,000 km long; '
+             'their stripes are white.'}]
+NQ_TEST = [('what animal has black and white stripes?', ['Zebra']),
+           ('which animal lives in park 3?', ['zebra.']),
+           ('what is the tallest animal?', ['giraffe']),
+           ('what do zebras have?', ['stripes'])]
+TREC_TEST = [('what animal is striped?', 'zeb.a'),
+             ('name a tall animal', 'giraffe|okapi')]
+
+
+@pytest.fixture
+def zebra(tmp_path, tokenizer, monkeypatch):
+  """A 12-block corpus as `wiki_leads` and a QA data dir of known answers."""
+  source = tmp_path / 'articles.jsonl'
+  source.write_text(''.join(json.dumps(a) + '\n' for a in ARTICLES))
+  corpus.build_corpus(str(tmp_path / 'corpora' / 'wiki_leads'), tokenizer,
+                      jsonl_paths=[str(source)])
+  data = tmp_path / 'data'
+  (data / 'nq_open').mkdir(parents=True)
+  (data / 'nq_open' / 'topics.nq.dev.txt').write_text(''.join(
+      f'{q}\t{a!r}\n' for q, a in NQ_TEST))
+  (data / 'nq_open' / 'NQ-open.dev.jsonl').write_text(''.join(
+      json.dumps({'question': q, 'answer': a}) + '\n' for q, a in NQ_TEST))
+  (data / 'curated_trec').mkdir()
+  for split in ('train', 'test'):
+    (data / 'curated_trec' / f'large2180-{split}.tsv').write_text(''.join(
+        f'{i}\tfactoid\t{q}\t{a}\n' for i, (q, a) in enumerate(TREC_TEST)))
+  monkeypatch.setenv('REALM_CORPUS_DIR', str(tmp_path / 'corpora'))
+  monkeypatch.setenv('REALM_DATA_DIR', str(data))
+  gin.clear_config()
+  yield tmp_path
+  gin.clear_config()
+
+
+def _finetuned(tmp_path, *flags):
+  model_dir = str(tmp_path / 'finetune')
+  test_trainer._train(model_dir, 'finetune', "--gin.Finetune.bert_dir=''",
+                      '--gin.Finetune.query_length=16',
+                      '--gin.train.num_steps=2',
+                      *flags)
+  return model_dir
+
+
+def _flat_reader(predictor):
+  """Every span scores 0: p(s|z,x) is uniform over the spans of z, and the
+  best span (lowest index on ties) is z's first wordpiece, 'Zebra'."""
+  score = predictor.params['reader']['span_head']['score']
+  predictor.params['reader']['span_head']['score'] = jax.tree.map(
+      np.zeros_like, score)
+
+
+def test_eval_gives_the_known_exact_match_and_recall(zebra):
+  model_dir = _finetuned(zebra)
+  predictor = qa_evaluation.QAPredictor(model_dir, top_spans=1)
+  _flat_reader(predictor)
+  out = str(zebra / 'eval')
+  nq = qa_evaluation.evaluate(predictor, 'nq_open', out, batch_size=3)
+  assert nq['questions'] == 4 and nq['answer_in_corpus'] == 3
+  assert nq['exact_match'] == 50.0  # 'Zebra' and 'zebra.' match.
+  np.testing.assert_allclose(nq['exact_match_answer_in_corpus'], 200 / 3)
+  assert nq['recall@5'] == 75.0 and nq['recall@5_answer_in_corpus'] == 100.0
+  assert nq['unaligned_spans'] == 0
+  rows = [json.loads(line) for line in open(f'{out}/nq_open_predictions.jsonl')]
+  assert [r['prediction'] for r in rows] == ['Zebra'] * 4  # Its casing.
+  assert [r['correct'] for r in rows] == [True, True, False, False]
+  assert all(len(r['retrieved']) == 5 and r['retrieved'][0]['title']
+             for r in rows)
+  # p(y|x) = sum_z p(z|x) / (number of spans in z): one span each, uniform.
+  assert all(0 < r['p_answer'] <= 1 for r in rows)
+  trec = qa_evaluation.evaluate(predictor, 'curated_trec', out)
+  assert trec['regex_match'] == 50.0 and trec['recall@5'] == 50.0
+
+
+def test_span_text_keeps_the_casing_accents_and_spacing(zebra, tokenizer):
+  texts = BlockTexts(str(zebra / 'corpora' / 'wiki_leads'), tokenizer)
+  block = next(i for i, t in texts.titles.items() if t == 'Crossings')
+  body = texts.bodies[block]
+  ids = tokenizer.tokenize([body]).to_list()[0]
+  phrase = 'São Paulo, U.S.A.  are 1,000'
+  first = len(tokenizer.tokenize([body[:body.index(phrase)]]).to_list()[0])
+  last = first + len(tokenizer.tokenize([phrase]).to_list()[0]) - 1
+  assert texts.span_text(block, 'body', first, last,
+                         ids[first:last + 1]) == phrase
+
+
+def test_answer_probability_adds_the_blocks_that_spell_it(zebra, tokenizer):
+  texts = BlockTexts(str(zebra / 'corpora' / 'wiki_leads'), tokenizer)
+  a0, a1 = (next(i for i, t in texts.titles.items() if t == f'Animal {n}')
+            for n in (0, 1))
+  pieces = [tokenizer.tokenize([texts.bodies[b]]).to_list()[0] + [0] * 8
+            for b in (a0, a1)]
+  width = max(map(len, pieces))
+  pieces = np.array([p + [0] * (width - len(p)) for p in pieces])
+  # Candidate a0: 'Zebra' 0.5, 'number' 0.2; a1: 'Zebra' 0.4, '1' 0.1.
+  answers = answers_of(
+      texts, [a0, a1], np.log([0.75, 0.25]), np.log([[0.5, 0.2], [0.4, 0.1]]),
+      np.array([[0, 2], [0, 3]]), np.zeros((2, 2), int), pieces,
+      lambda z, position: ('body', position))
+  assert [a.text for a in answers] == ['Zebra', 'number', '1']
+  np.testing.assert_allclose(answers[0].probability, 0.75 * 0.5 + 0.25 * 0.4)
+  assert answers[0].per_block == pytest.approx({a0: 0.5, a1: 0.4})
+  np.testing.assert_allclose(answers[1].probability, 0.75 * 0.2)
+
+
+def test_ask_prints_the_answer_and_its_blocks(zebra, capsys):
+  model_dir = _finetuned(zebra)
+  gin.clear_config()
+  main.main(['ask', 'what animal has stripes?', f'--model_dir={model_dir}'])
+  out = capsys.readouterr().out
+  assert 'A: ' in out and 'p(y|x)' in out and 'p(z|x)' in out
+  assert out.count('Animal ') + out.count('Crossings') >= 3
