@@ -204,3 +204,17 @@ def test_config_from_hf_refuses_other_models(tmp_path):
   path.write_text('{"model_type": "gpt2", "n_embd": 768}')
   with pytest.raises(pretrained.WeightImportError, match='config.json'):
     pretrained.config_from_hf(path)
+
+
+def test_first_layers_of_a_deeper_checkpoint_load_only_when_asked(minilm_dir):
+  config = pretrained.config_from_hf(os.path.join(minilm_dir, 'config.json'))
+  shallow = dataclasses.replace(config, num_layers=2)
+  with pytest.raises(pretrained.WeightImportError, match=r'unexpected \(64\)'):
+    pretrained.load_bert_params(minilm_dir, shallow)
+  first = pretrained.load_bert_params(minilm_dir, shallow,
+                                      keep_first_layers=True)
+  full = pretrained.load_bert_params(minilm_dir, config)
+  assert 'layer_2' not in first and set(first) < set(full)
+  np.testing.assert_array_equal(
+      first['layer_1']['attention']['query']['kernel'],
+      full['layer_1']['attention']['query']['kernel'])

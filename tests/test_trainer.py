@@ -186,6 +186,18 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
   assert 'Pretrain.num_candidates = 4' in operative
   assert 'BertConfig.hidden_size = 32' in operative
 
+  # The index builder publishes the final step; fine-tuning from it reuses
+  # that index (the same parameters) instead of embedding the corpus again.
+  gin.clear_config()
+  _bind_tiny()
+  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import embed, publication, refresh  # pylint: disable=g-import-not-at-top
+  final, params = restore_params(pretrain)
+  corpus_dir = corpus.corpus_dir('wiki_leads')
+  refresh.embed_and_publish(
+      publication.index_manager(publication.index_dir(pretrain)), final,
+      embed.DocumentEmbedder(refresh.model_retriever()), params['retriever'],
+      embed.local_block_arrays(corpus_dir), corpus.load_metadata(corpus_dir))
   gin.clear_config()
   _train(finetune, 'finetune', '--gin.train.num_steps=2',
          f'--gin.Finetune.pretrain_model_dir="{pretrain}"',
@@ -199,8 +211,13 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
     np.testing.assert_array_equal(a, b)
   changed = lambda p: p['retriever']['embedder']['projection']['kernel']
   assert not np.array_equal(changed(before), changed(after))
-  # The index is embedded once, from the starting document tower.
+  # The index is the starting document tower's, never refreshed.
   assert os.listdir(os.path.join(finetune, 'index')) == ['0']
+  index = lambda d: publication.index_manager(publication.index_dir(d),
+                                              read_only=True)
+  np.testing.assert_array_equal(
+      publication.read_embeddings(index(finetune), 0),
+      publication.read_embeddings(index(pretrain), final))
 
 
 def _restore_step(model_dir, step):

@@ -152,6 +152,12 @@ def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
                              + '; '.join(problems) + '.')
 
 
+def read_embeddings(manager: ocp.CheckpointManager, step: int) -> np.ndarray:
+  """[num_blocks, dim] embeddings of a published step."""
+  return np.asarray(manager.restore(step, args=ocp.args.Composite(
+      embeddings=ocp.args.StandardRestore()))['embeddings']['embeddings'])
+
+
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
                dim: int, searcher: str = 'exact', devices=None,
                block_length: int | None = None):
@@ -164,8 +170,7 @@ def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
     loaded = manager.restore(step, args=ocp.args.Composite(
         scann=ScannRestore()))['scann']
     return loaded, metadata
-  embeddings = np.asarray(manager.restore(step, args=ocp.args.Composite(
-      embeddings=ocp.args.StandardRestore()))['embeddings']['embeddings'])
+  embeddings = read_embeddings(manager, step)
   if searcher == 'scann':
     return build_scann(embeddings), metadata
   return ExactSearcher(embeddings, devices=devices), metadata

@@ -15,11 +15,13 @@ import os
 import re
 from typing import Callable, Iterator
 
+import gin
 import numpy as np
 
 from realm_jax.models.bert import BertConfig
 
 # Tensors that belong to heads or training state a BERT encoder does not use.
+_LAYER = re.compile(r'(?:encoder\.layer\.|bert/encoder/layer_)(\d+)[./]')
 _IGNORED_HF = re.compile(r'^(cls\.|embeddings\.position_ids$)')
 _IGNORED_TF = re.compile(
     r'^(cls/|global_step$|.*/adam_[mv]$|.*/Adam(_1)?$|bad_steps$|loss_scale$)')
@@ -172,13 +174,23 @@ def _listing(title: str, items: list[str], limit: int = 20) -> Iterator[str]:
       yield f'    ... and {len(items) - limit} more'
 
 
-def load_bert_params(path, config: BertConfig) -> dict:
+def _upper_layer(name: str, num_layers: int) -> bool:
+  match = _LAYER.search(name)
+  return bool(match) and int(match.group(1)) >= num_layers
+
+
+@gin.configurable(allowlist=['keep_first_layers'])
+def load_bert_params(path, config: BertConfig,
+                     keep_first_layers: bool = False) -> dict:
   """Reads pretrained weights into the (unboxed) params of `Bert(config)`.
 
   Args:
     path: a directory holding `model.safetensors` or `bert_model.ckpt.*`, a
       `.safetensors` file, or a TensorFlow checkpoint prefix.
     config: the architecture to load into; every tensor must match it.
+    keep_first_layers: a config with fewer layers than the file takes the
+      file's first `config.num_layers` layers and drops the rest (a cheaper
+      encoder for small machines); otherwise extra layers are an error.
 
   Returns:
     The nested dict that `Bert(config).apply({'params': ...})` expects, in
@@ -196,6 +208,7 @@ def load_bert_params(path, config: BertConfig) -> dict:
   unexpected = sorted(
       n for n in source.shapes
       if n not in expected and not source.ignored.match(n)
+      and not (keep_first_layers and _upper_layer(n, config.num_layers))
       and not (n.startswith(('pooler', 'bert/pooler')) and not config.add_pooler))
   misshaped = []
   for name, tensor in expected.items():

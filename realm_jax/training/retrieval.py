@@ -10,6 +10,8 @@ p(z|x) with the current parameters, so gradients reach both towers.
 docs/training.md measures the share of a step this takes.
 """
 
+import os
+
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -62,13 +64,48 @@ class CandidateRetrieval:
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass  # An index builder beside us published the same step first.
 
-  def ensure_index(self, step: int, retriever, retriever_params) -> None:
-    """Without any published index, embeds the corpus with the current
-    towers and publishes it as `step`, as the index builder would."""
+  def _copy(self, step: int, source_dir: str, source_step: int) -> bool:
+    """Publishes another run's index of `source_step` as our `step`; False
+    when it has none that fits this corpus and block cut."""
+    directory = publication.index_dir(source_dir)
+    if not os.path.isdir(directory):
+      return False
+    source = publication.index_manager(directory, read_only=True)
+    if source_step not in source.all_steps():
+      return False
+    metadata = source.restore(source_step, args=ocp.args.Composite(
+        metadata=ocp.args.JsonRestore()))['metadata']
+    try:
+      publication.check_compatible(metadata, self.corpus_metadata,
+                                   self.client.dim, directory,
+                                   self.client.block_length)
+    except publication.IndexMismatchError as error:
+      print(f'not reusing the warm start\'s index: {error}', flush=True)
+      return False
+    embeddings = publication.read_embeddings(source, source_step)
+    try:
+      publication.publish(
+          publication.index_manager(publication.index_dir(self.model_dir)),
+          step, embeddings, publication.index_metadata(
+              self.corpus_metadata, embeddings, step, 'exact',
+              self.client.block_length))
+    except ocp.checkpoint_manager.StepAlreadyExistsError:
+      pass
+    print(f'index step {step}: the warm start\'s index (step {source_step} '
+          f'of {source_dir}), embedded by the same parameters', flush=True)
+    return True
+
+  def ensure_index(self, step: int, retriever, retriever_params,
+                   warm_start: tuple[str, int] | None = None) -> None:
+    """Without any published index, publishes one as `step`: the warm-start
+    run's index of the step we started from (`warm_start`: its model_dir and
+    step; the same parameters embedded it), or else the corpus embedded with
+    the current towers, as the index builder would."""
     self.client.maybe_refresh(step)
     if self.client.searcher is not None:
       return
-    self._publish(step, retriever, retriever_params)
+    if not (warm_start and self._copy(step, *warm_start)):
+      self._publish(step, retriever, retriever_params)
     self.client.maybe_refresh(step)
 
   def index_at(self, step: int, retriever, retriever_params) -> None:

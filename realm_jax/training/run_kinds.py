@@ -123,8 +123,13 @@ class _Retrieving(RunKind):
         params['retriever'], partitioning.global_batch(query, self.mesh))
     return partitioning.local_rows(embedded_query, self.mesh)
 
+  # (model_dir, step) of the run whose parameters this one started from; its
+  # index of that step, if published, is this run's first index.
+  warm_index: tuple[str, int] | None = None
+
   def start(self, params, step):
-    self.retrieval.ensure_index(step, self.retriever, params['retriever'])
+    self.retrieval.ensure_index(step, self.retriever, params['retriever'],
+                                self.warm_index if step == 0 else None)
 
 
 @gin.configurable
@@ -220,6 +225,7 @@ class Pretrain(_Retrieving):
     if self.ict_model_dir:
       step, ict = checkpoints.restore_params(self.ict_model_dir)
       params = {**params, 'retriever': ict['retriever']}
+      self.warm_index = (self.ict_model_dir, step)
       print(f'retriever warm-started from ICT step {step} of '
             f'{self.ict_model_dir}', flush=True)
     return params
@@ -306,6 +312,7 @@ class Finetune(_Retrieving):
           'pre-training run, or leave it unset to start from BERT weights.')
     print(f'warm-started from pre-training step {step} of '
           f'{self.pretrain_model_dir}', flush=True)
+    self.warm_index = (self.pretrain_model_dir, step)
     return restored
 
   def frozen(self, params):
