@@ -14,23 +14,12 @@ def _parser() -> argparse.ArgumentParser:
   commands = parser.add_subparsers(dest='command', required=True)
 
   demo = commands.add_parser(
-      'demo', help='Embed the embedded Wikipedia leads with MiniLM and answer '
-      'questions by retrieval.')
+      'demo', help='REALM end to end on the embedded default: corpus, ICT, '
+      'pre-training with the index builder beside it, the stale-index '
+      'ablation, NQ fine-tuning and evaluation (QA stages need '
+      '$REALM_DATA_DIR). Finished stages are skipped on a re-run.')
   demo.add_argument('--work_dir', default=_DEMO_WORK_DIR,
-                    help='Where the document embeddings are cached.')
-  demo.add_argument('--question', action='append', dest='questions',
-                    help='A question to retrieve for (repeatable); default: a '
-                    'few built-in ones.')
-  demo.add_argument('--max_docs', type=int, default=None,
-                    help='Use only the first N leads (quick runs).')
-  demo.add_argument('--max_length', type=int, default=128,
-                    help='Wordpieces per document, special tokens included.')
-  demo.add_argument('--batch_size', type=int, default=64)
-  demo.add_argument('--top_k', type=int, default=5)
-  demo.add_argument('--weights_dir', default=None,
-                    help='HF-format BERT directory (default: embedded MiniLM).')
-  demo.add_argument('--corpus_json', default=None,
-                    help='summaries_<lang>.json (default: embedded leads).')
+                    help='Every run, index and result of the demo.')
 
   data = commands.add_parser('data', help='Build and annotate corpora.')
   steps = data.add_subparsers(dest='step', required=True)
@@ -103,8 +92,10 @@ def _parser() -> argparse.ArgumentParser:
                         help='A `realm-jax train` run (ICT, pre-training or '
                         'fine-tuning).')
   evaluate.add_argument('--task', action='append', required=True,
-                        choices=('nq_open', 'web_questions', 'curated_trec'),
-                        help='Repeatable.')
+                        choices=('nq_open', 'web_questions', 'curated_trec',
+                                 'masked_lm'),
+                        help='Repeatable. masked_lm: held-out masked '
+                        'salient-span accuracy of a pre-training run.')
   evaluate.add_argument('--output_dir', default=None,
                         help='Default: model_dir/eval.')
   evaluate.add_argument('--step', type=int, default=None,
@@ -171,11 +162,18 @@ def _fill(args) -> None:
 
 
 def _eval(args) -> None:
-  from realm_jax.evaluation import qa_evaluation  # pylint: disable=g-import-not-at-top
-  predictor = qa_evaluation.QAPredictor(
-      args.model_dir, args.step, args.gin_file or (), args.gin_bindings)
+  from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
+  gin_files = args.gin_file or ()
   output_dir = args.output_dir or os.path.join(args.model_dir, 'eval')
-  for task in args.task:
+  if 'masked_lm' in args.task:
+    summary = masked_lm.evaluate(args.model_dir, output_dir, 'masked_lm',
+                                 gin_files, args.gin_bindings, args.batch_size,
+                                 step=args.step)
+    print('masked_lm: ' + ', '.join(f'{k} {v}' for k, v in summary.items()))
+  tasks = [t for t in args.task if t != 'masked_lm']
+  predictor = tasks and qa_evaluation.QAPredictor(
+      args.model_dir, args.step, gin_files, args.gin_bindings)
+  for task in tasks:
     summary = qa_evaluation.evaluate(predictor, task, output_dir,
                                      args.batch_size, args.num_examples)
     print(f'{task} ({predictor.kind} step {predictor.step}, index step '
@@ -281,11 +279,11 @@ def _data(args) -> None:
 def main(argv=None) -> int:
   args = _parser().parse_args(_gin_flags(sys.argv[1:] if argv is None
                                          else argv))
+  if getattr(args, 'model_dir', None) and '://' not in args.model_dir:
+    args.model_dir = os.path.abspath(args.model_dir)  # Orbax needs these.
   if args.command == 'demo':
     from realm_jax import demo  # pylint: disable=g-import-not-at-top
-    kwargs = {k: v for k, v in vars(args).items()
-              if k != 'command' and v is not None}
-    demo.run(**kwargs)
+    demo.run(args.work_dir)
   elif args.command == 'data':
     _data(args)
   elif args.command == 'embed':

@@ -1,11 +1,13 @@
 """`realm-jax fill`: the marginal over the retrieved documents, with provenance."""
 
+import json
+
 import gin
 import numpy as np
 import pytest
 
 from realm_jax import main
-from realm_jax.evaluation import prediction
+from realm_jax.evaluation import masked_lm, prediction
 from tests import test_trainer
 
 
@@ -62,3 +64,21 @@ def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys):
              f'--model_dir={model_dir}'])
   out = capsys.readouterr().out
   assert 'filled:' in out and '(null document)' in out and 'p(z|x)' in out
+
+
+def test_masked_lm_eval_with_and_without_retrieval(tmp_path):
+  model_dir = str(tmp_path / 'pretrain')
+  test_trainer._train(model_dir, 'pretrain', *test_trainer.RETRIEVAL,
+                      '--gin.train.num_steps=2')
+  out = str(tmp_path / 'eval')
+  realm = masked_lm.evaluate(model_dir, out, 'realm', batch_size=8,
+                             num_batches=2)
+  alone = masked_lm.evaluate(model_dir, out, 'alone', batch_size=8,
+                             num_batches=2,
+                             gin_bindings=['Pretrain.num_candidates = 1'])
+  assert realm['step'] == realm['index_step'] == 2  # Embedded for step 2.
+  assert realm['num_candidates'] == 4 and alone['num_candidates'] == 1
+  assert alone['null_document_prob'] == 1.0 and realm['null_document_prob'] < 1
+  assert 0 <= alone['masked_token_accuracy'] <= 1
+  with open(f'{out}/alone_metrics.json') as f:
+    assert json.load(f)['num_candidates'] == 1

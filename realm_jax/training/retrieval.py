@@ -133,7 +133,10 @@ class CandidateRetrieval:
     exclude = (np.asarray(source_ids) if self.exclude_source else
                np.full(len(query_embeddings), NULL_DOCUMENT_ID))
     fetch = self.num_candidates - int(self.null_document_first)
-    _, ids = self.client.search(query_embeddings, fetch, exclude)
+    if fetch:
+      _, ids = self.client.search(query_embeddings, fetch, exclude)
+    else:  # The null document alone: the reader without retrieval.
+      ids = np.zeros((len(query_embeddings), 0), np.int32)
     if self.null_document_first:
       ids, mask = (np.asarray(a) for a in select_candidates(
           ids, exclude, self.num_candidates))

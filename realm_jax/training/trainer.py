@@ -101,24 +101,31 @@ class Trainer:
 
   def evaluate(self, params, step: int, batch_size: int, num_batches: int,
                seed: int = 0) -> dict:
-    """The run's metrics on the first `num_batches` held-out batches (the
-    same ones every time): the mean over batches of each batch's metrics."""
-    totals, count = {}, 0
-    for examples in input_pipeline.batches(
-        self.run.task, self.run.eval_split, self.run.shapes, batch_size,
-        seed=seed, shuffle=False, num_epochs=1):
-      if count == num_batches:
-        break
-      inputs, _ = self.run.prepare(examples, params, step)
-      metrics = jax.device_get(self._evaluate(
-          params, partitioning.global_batch(inputs, self.mesh)))
-      for name, value in metrics.items():
-        totals[name] = totals.get(name, 0.0) + float(value)
-      count += 1
-    if not count:
-      raise ValueError(f'No {self.run.eval_split} batch of {batch_size} in '
-                       f'{self.run.task}.')
-    return {name: value / count for name, value in totals.items()}
+    return held_out_metrics(self.run, self._evaluate, self.mesh, params, step,
+                            batch_size, num_batches, seed)
+
+
+def held_out_metrics(run: RunKind, evaluate, mesh, params, step: int,
+                     batch_size: int, num_batches: int, seed: int = 0) -> dict:
+  """The run's metrics on the first `num_batches` held-out batches (the
+  same ones every time): the mean over batches of each batch's metrics.
+  `evaluate(params, inputs)` is the jitted deterministic loss' metrics."""
+  totals, count = {}, 0
+  for examples in input_pipeline.batches(
+      run.task, run.eval_split, run.shapes, batch_size, seed=seed,
+      shuffle=False, num_epochs=1):
+    if count == num_batches:
+      break
+    inputs, _ = run.prepare(examples, params, step)
+    metrics = jax.device_get(evaluate(
+        params, partitioning.global_batch(inputs, mesh)))
+    for name, value in metrics.items():
+      totals[name] = totals.get(name, 0.0) + float(value)
+    count += 1
+  if not count:
+    raise ValueError(f'No {run.eval_split} batch of {batch_size} in '
+                     f'{run.task}.')
+  return {name: value / count for name, value in totals.items()}
 
 
 @gin.configurable
