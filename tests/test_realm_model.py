@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -9,9 +10,11 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from realm_jax.models import pretrained
 from realm_jax.models import reader as reader_lib
+from realm_jax.models.bert import Bert
 from realm_jax.models.realm import Realm
-from realm_jax.models.retriever import Retriever
+from realm_jax.models.retriever import Retriever, init_retriever_params
 
 
 def _tokens(rng, shape, vocab=64, length=None):
@@ -125,3 +128,53 @@ def test_realm_outputs(tiny_config):
                   method=lambda m, *a: m.retriever.embed_query(*a))
   np.testing.assert_allclose(qa_scores, np.einsum('bd,bkd->bk', q, frozen),
                              rtol=1e-5)
+
+
+def test_mean_pooling_projects_the_mean_of_the_real_tokens(tiny_config):
+  rng = np.random.default_rng(1)
+  docs = _tokens(rng, (1, 2, 8))
+  retriever = Retriever(tiny_config, projection_size=16, pooling='mean')
+  params = nn.meta.unbox(retriever.init(jax.random.key(0), _tokens(rng, (1, 4)),
+                                        docs))['params']['embedder']
+  flat = {k: v[0] for k, v in docs.items()}
+  states = Bert(tiny_config).apply({'params': params['bert']},
+                                   flat['token_ids'], flat['input_mask'],
+                                   flat['token_type_ids']).sequence_output
+  mask = np.asarray(flat['input_mask'], np.float32)[..., None]
+  mean = np.sum(np.asarray(states) * mask, 1) / mask.sum(1)
+  projected = mean @ params['projection']['kernel'] + params['projection'][
+      'bias']
+  expected = (projected - projected.mean(-1, keepdims=True)) / np.sqrt(
+      projected.var(-1, keepdims=True) + tiny_config.layer_norm_eps)
+  expected = expected * params['layer_norm']['scale'] + params['layer_norm'][
+      'bias']
+  got = retriever.apply({'params': {'embedder': params}}, *docs.values(),
+                        method='embed_documents')
+  np.testing.assert_allclose(got[0], expected, rtol=1e-4, atol=1e-4)
+  with pytest.raises(ValueError, match="pooling='max'"):
+    Retriever(tiny_config, pooling='max').init(
+        jax.random.key(0), _tokens(rng, (1, 4)), docs)
+
+
+@pytest.mark.parametrize('pooling,spread', [('cls', False), ('mean', True)])
+def test_minilm_cut_to_two_layers_needs_mean_pooling(minilm_dir, tokenizer,
+                                                     pooling, spread):
+  """The demo's towers: with [CLS] every text gets the same embedding (the
+  index collapses and retrieval is random); the mean keeps texts apart."""
+  config = dataclasses.replace(pretrained.config_from_hf(
+      os.path.join(minilm_dir, 'config.json')), num_layers=2)
+  bert = pretrained.load_bert_params(minilm_dir, config,
+                                     keep_first_layers=True)
+  retriever = Retriever(config, pooling=pooling)
+  params = init_retriever_params(retriever, jax.random.key(0), bert)
+  texts = ['The zebra is an African equine with black and white stripes.',
+           'Paris is the capital and largest city of France.',
+           'The mitochondrion is the powerhouse of the cell.',
+           'Johann Sebastian Bach was a German composer.']
+  batch = tokenizer.numpy_join(texts, max_length=32)
+  e = np.asarray(retriever.apply({'params': params}, batch['token_ids'],
+                                 batch['input_mask'], batch['token_type_ids'],
+                                 method='embed_documents'))
+  e = e / np.linalg.norm(e, axis=-1, keepdims=True)
+  cosine = (e @ e.T)[~np.eye(len(texts), dtype=bool)]
+  assert (cosine.max() < 0.95) == spread, cosine

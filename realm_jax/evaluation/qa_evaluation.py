@@ -94,7 +94,10 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
                         every_s=15)
     outputs = []
     for indices, features in dataset.batch(batch_size).as_numpy_iterator():
-      batch = predictor.predict(token_arrays(features['query_token_ids']))
+      ids = features['query_token_ids']
+      # One shape for every batch: the last one would compile anew.
+      padded = np.pad(ids, ((0, batch_size - len(ids)), (0, 0)))
+      batch = predictor.predict(token_arrays(padded))[:len(ids)]
       for index, result in zip(indices, batch):
         results[int(index)] = result
         answers = result.get('answers') or []

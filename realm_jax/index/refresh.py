@@ -28,7 +28,7 @@ def model_retriever() -> Retriever:
   """The retriever of the gin-configured REALM model."""
   realm = build_realm()
   return Retriever(realm.retriever_config, realm.projection_size,
-                   realm.share_towers)
+                   realm.share_towers, realm.retriever_pooling)
 
 
 def embed_and_publish(index, step: int, embedder: DocumentEmbedder, params,

@@ -23,6 +23,8 @@ class Realm(nn.Module):
     reader_config: BERT of the knowledge-augmented encoder.
     projection_size: retrieval embedding size (128 in the paper).
     share_towers: one BERT for query and document towers (released code).
+    retriever_pooling: 'cls' (the paper) or 'mean' (sentence-transformer
+      weights, e.g. MiniLM).
     reader_length: wordpieces of `[CLS] x [SEP] z [SEP]` (384; 320 for QA).
     include_title: the reader also reads z's title.
     span_projection_size: ORQA's start/end projection size (256).
@@ -32,6 +34,7 @@ class Realm(nn.Module):
   reader_config: BertConfig
   projection_size: int = 128
   share_towers: bool = True
+  retriever_pooling: str = 'cls'
   reader_length: int = 384
   include_title: bool = False
   span_projection_size: int = 256
@@ -39,7 +42,7 @@ class Realm(nn.Module):
 
   def setup(self):
     self.retriever = Retriever(self.retriever_config, self.projection_size,
-                               self.share_towers)
+                               self.share_towers, self.retriever_pooling)
     self.reader = KnowledgeAugmentedEncoder(
         self.reader_config, self.span_projection_size, self.max_span_width)
 

@@ -1,6 +1,7 @@
 """The neural knowledge retriever p(z|x) of REALM (Guu et al. 2020, eq. 1).
 
-Embed(tokens) = LayerNorm(Dense_128(BERT_CLS(tokens))); the relevance of a
+Embed(tokens) = LayerNorm(Dense_128(BERT_CLS(tokens))) (or the mean of BERT's
+token states, for weights trained that way); the relevance of a
 document z to a query x is the inner product f(x, z) = Embed_input(x) .
 Embed_doc(z). The query tower reads `[CLS] x [SEP]`, the document tower
 `[CLS] title [SEP] body [SEP]`.
@@ -9,15 +10,27 @@ Embed_doc(z). The query tower reads `[CLS] x [SEP]`, the document tower
 import jax.numpy as jnp
 from flax import linen as nn
 
-from realm_jax.models.bert import Bert, BertConfig, dense, layer_norm
+from realm_jax.models.bert import (Bert, BertConfig, dense, layer_norm,
+                                   mean_pool)
+
+POOLINGS = ('cls', 'mean')
 
 
 class Embedder(nn.Module):
-  """One tower: BERT's [CLS] state, projected to `projection_size` and normed."""
+  """One tower: BERT's pooled state, projected to `projection_size` and normed.
+
+  pooling 'cls' is the paper's ([CLS], as BERT is pre-trained); 'mean' suits
+  sentence-transformer weights such as all-MiniLM-L6-v2, whose [CLS] state
+  is nearly the same for every input (the index would collapse).
+  """
   config: BertConfig
   projection_size: int = 128
+  pooling: str = 'cls'
 
   def setup(self):
+    if self.pooling not in POOLINGS:
+      raise ValueError(f'pooling={self.pooling!r}; expected one of '
+                       f'{POOLINGS}.')
     c = self.config
     self.bert = Bert(c)
     self.projection = dense(c, self.projection_size, ('embed', 'projection'),
@@ -31,7 +44,9 @@ class Embedder(nn.Module):
     flat = lambda x: x.reshape(-1, x.shape[-1])
     out = self.bert(flat(token_ids), flat(input_mask), flat(token_type_ids),
                     deterministic)
-    embedding = self.layer_norm(self.projection(out.sequence_output[:, 0]))
+    pooled = (out.sequence_output[:, 0] if self.pooling == 'cls' else
+              mean_pool(out.sequence_output, flat(input_mask)))
+    embedding = self.layer_norm(self.projection(pooled))
     return embedding.astype(jnp.float32).reshape(*lead, -1)
 
 
@@ -44,13 +59,15 @@ class Retriever(nn.Module):
   config: BertConfig
   projection_size: int = 128
   share_towers: bool = True
+  pooling: str = 'cls'
 
   def setup(self):
+    tower = lambda: Embedder(self.config, self.projection_size, self.pooling)
     if self.share_towers:
-      self.embedder = Embedder(self.config, self.projection_size)
+      self.embedder = tower()
     else:
-      self.query_embedder = Embedder(self.config, self.projection_size)
-      self.document_embedder = Embedder(self.config, self.projection_size)
+      self.query_embedder = tower()
+      self.document_embedder = tower()
 
   def embed_query(self, token_ids, input_mask, token_type_ids,
                   deterministic: bool = True):
