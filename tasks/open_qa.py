@@ -27,7 +27,8 @@ def tokenize_question(features):
   """query `[CLS] question [SEP]`, answer wordpieces, and a 'targets' feature.
 
   targets (the first answer's wordpieces) lets t5x-style evaluators find the
-  references; `answers_postprocessor` then hands them every answer.
+  references; `answers_postprocessor` then hands them every answer. Its text,
+  targets_pretokenized, spares seqio from decoding it back.
   """
   tokenizer = common.vocabulary().tokenizer
   question = tokenizer.tokenize(tf.reshape(features['question'], [1]))[0]
@@ -40,6 +41,7 @@ def tokenize_question(features):
           [cls, question[:MAX_QUERY_LENGTH - 2], sep], 0), tf.int32),
       'answer_token_ids': tf.cast(answers, tf.int32),
       'targets': tf.cast(answers[0], tf.int32),
+      'targets_pretokenized': features['answers'][0],
   }
 
 

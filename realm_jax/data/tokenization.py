@@ -62,9 +62,9 @@ class WordPieceTokenizer:
     """[batch] strings -> [batch, (wordpieces)] int64 ids."""
     return self._tokenizer.tokenize(texts).merge_dims(-2, -1)
 
-  def tokenize_with_offsets(self, text: str
-                            ) -> tuple[list[int], list[tuple[int, int]]]:
-    """The wordpieces of `text` and each one's UTF-8 byte span in `text` itself.
+  def tokenize_with_offsets(self, texts: Sequence[str]
+                            ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Each text's wordpieces and their UTF-8 byte spans in the text itself.
 
     BertTokenizer's offsets point into its lower-cased, accent-stripped copy
     of the text; FastBertTokenizer (the same WordPiece) tracks the original,
@@ -76,9 +76,9 @@ class WordPieceTokenizer:
             self.vocab, token_out_type=tf.int64,
             lower_case_nfd_strip_accents=self._lower_case)
     ids, starts, ends = self._offsets_tokenizer.tokenize_with_offsets(
-        tf.constant([text]))
-    return ids[0].numpy().tolist(), list(zip(starts[0].numpy().tolist(),
-                                             ends[0].numpy().tolist()))
+        tf.constant(list(texts)))
+    return [(i, list(zip(s, e))) for i, s, e in zip(
+        ids.to_list(), starts.to_list(), ends.to_list())]
 
   @property
   def first_regular_id(self) -> int:

@@ -27,18 +27,25 @@ class BlockTexts:
       block_id = int(block['block_id'])
       self.titles[block_id] = block['title'].decode('utf-8')
       self.bodies[block_id] = block['body'].decode('utf-8')
-    self._offsets = {}
+    self._pieces = {}  # segment -> block id -> (UTF-8 text, ids, offsets)
     # Spans whose wordpieces did not line up with the text (counted, shown
     # as detokenized wordpieces instead).
     self.unaligned = 0
 
-  def _pieces(self, block_id: int, segment: str):
-    key = (block_id, segment)
-    if key not in self._offsets:
-      text = (self.titles if segment == 'title' else self.bodies)[block_id]
-      ids, offsets = self.tokenizer.tokenize_with_offsets(text)
-      self._offsets[key] = (text.encode('utf-8'), ids, offsets)
-    return self._offsets[key]
+  def _tokens(self, block_id: int, segment: str):
+    """(UTF-8 bytes, wordpiece ids, byte offsets) of a block's title or body;
+    every block's at the first call (one batched tokenization)."""
+    if segment not in self._pieces:
+      texts = self.titles if segment == 'title' else self.bodies
+      ids = list(texts)
+      tokenized = []
+      for start in range(0, len(ids), 4096):
+        tokenized += self.tokenizer.tokenize_with_offsets(
+            [texts[i] for i in ids[start:start + 4096]])
+      self._pieces[segment] = {
+          i: (texts[i].encode('utf-8'), *pieces)
+          for i, pieces in zip(ids, tokenized)}
+    return self._pieces[segment][block_id]
 
   def span_text(self, block_id: int, segment: str, first: int, last: int,
                 token_ids) -> str:
@@ -49,7 +56,7 @@ class BlockTexts:
     returned and counted in `unaligned`.
     """
     token_ids = [int(t) for t in token_ids]
-    raw, ids, offsets = self._pieces(block_id, segment)
+    raw, ids, offsets = self._tokens(block_id, segment)
     if first >= 0 and last < len(ids) and ids[first:last + 1] == token_ids:
       return raw[offsets[first][0]:offsets[last][1]].decode('utf-8')
     self.unaligned += 1
