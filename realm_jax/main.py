@@ -199,6 +199,11 @@ def _ask(args) -> None:
           f'{block["title"]}: {block["text"]}')
 
 
+def _demo(args) -> None:
+  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  demo.run(args.work_dir)
+
+
 def _gin_flags(argv):
   """`--gin.X=V` flags -> `--gin_bindings=X = V`."""
   out = []
@@ -281,23 +286,9 @@ def main(argv=None) -> int:
                                          else argv))
   if getattr(args, 'model_dir', None) and '://' not in args.model_dir:
     args.model_dir = os.path.abspath(args.model_dir)  # Orbax needs these.
-  if args.command == 'demo':
-    from realm_jax import demo  # pylint: disable=g-import-not-at-top
-    demo.run(args.work_dir)
-  elif args.command == 'data':
-    _data(args)
-  elif args.command == 'embed':
-    _embed(args)
-  elif args.command == 'refresh':
-    _refresh(args)
-  elif args.command == 'train':
-    _train(args)
-  elif args.command == 'fill':
-    _fill(args)
-  elif args.command == 'eval':
-    _eval(args)
-  elif args.command == 'ask':
-    _ask(args)
+  {'demo': _demo, 'data': _data, 'embed': _embed, 'refresh': _refresh,
+   'train': _train, 'fill': _fill, 'eval': _eval, 'ask': _ask}[
+       args.command](args)
   return 0
 
 
