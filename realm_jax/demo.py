@@ -138,8 +138,10 @@ def pretrain(model_dir: str, ict_dir: str, stale_factor: int = 1,
       if builder.wait(timeout=600) != 0:
         raise RuntimeError(f'the index builder failed: see {log.name}')
   finally:
-    if builder is not None and builder.poll() is None:
-      builder.kill()
+    if builder is not None:
+      if builder.poll() is None:
+        builder.kill()
+      log.close()
   steps = sorted(publication.index_manager(
       publication.index_dir(model_dir), read_only=True).all_steps())
   return {'index_steps_kept': steps}
