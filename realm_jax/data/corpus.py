@@ -15,11 +15,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 from typing import Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
+from etils import epath
 
 from realm_jax.data import sources
 from realm_jax.data.skips import SkipReport, parse_json_line
@@ -90,7 +90,7 @@ def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
                         digest=None) -> Iterator[tuple[str, sources.Article]]:
   """(file:line, article) from JSONL files, one `{"title", "text"}` a line."""
   for path in paths:
-    with open(path, 'rb') as f:
+    with epath.Path(path).open('rb') as f:
       for number, line in enumerate(f, 1):
         if digest is not None:
           digest.update(line)
@@ -234,8 +234,7 @@ class CorpusBuilder:
 
 
 def _vocab_hash(vocab_path: str) -> str:
-  with open(vocab_path, 'rb') as f:
-    return hashlib.sha256(f.read()).hexdigest()
+  return hashlib.sha256(epath.Path(vocab_path).read_bytes()).hexdigest()
 
 
 def _histogram(lengths: list[int], max_length: int) -> dict[str, int]:
@@ -264,22 +263,22 @@ def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
   builder = CorpusBuilder(tokenizer, max_block_length, max_title_length)
   source_digest = hashlib.sha256()
   if wiki_leads_json:
-    with open(wiki_leads_json, 'rb') as f:
-      source_digest.update(f.read())
+    source_digest.update(epath.Path(wiki_leads_json).read_bytes())
     leads = list(sources.read_wiki_leads(wiki_leads_json))
     progress = Progress('articles', len(leads), unit='articles')
     articles = ((f'{wiki_leads_json}[{a.title!r}]', a) for a in leads)
     count_articles = True
   else:
-    progress = Progress('read', sum(os.path.getsize(p) for p in jsonl_paths)
-                        / 1e6, unit='MB')
+    size = sum(epath.Path(p).stat().length for p in jsonl_paths)
+    progress = Progress('read', size / 1e6, unit='MB')
     articles = read_jsonl_articles(jsonl_paths, builder.report, progress,
                                    source_digest)
     count_articles = False
 
   tmp_dir = output_dir.rstrip('/') + '.incomplete'
-  shutil.rmtree(tmp_dir, ignore_errors=True)
-  os.makedirs(tmp_dir)
+  if epath.Path(tmp_dir).exists():
+    epath.Path(tmp_dir).rmtree()
+  epath.Path(tmp_dir).mkdir(parents=True)
   corpus_digest = hashlib.sha256(_vocab_hash(tokenizer.vocab_path).encode())
   lengths, shards, writer, num_articles = [], [], None, 0
 
@@ -327,8 +326,7 @@ def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
       'mean_length': float(np.mean(lengths)) if lengths else 0.0,
       'skipped': builder.report.as_dict(),
   }
-  with open(os.path.join(tmp_dir, METADATA), 'w') as f:
-    json.dump(metadata, f, indent=1)
+  (epath.Path(tmp_dir) / METADATA).write_text(json.dumps(metadata, indent=1))
   replace_dir(tmp_dir, output_dir)
   print(f'{metadata["num_blocks"]:,} blocks from {num_articles:,} articles '
         f'in {output_dir} (mean {metadata["mean_length"]:.0f} wordpieces)')
@@ -339,13 +337,16 @@ def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
 
 
 def replace_dir(new: str, target: str) -> None:
-  """Moves a finished directory into place; readers never see a partial one."""
-  old = target.rstrip('/') + '.old'
-  shutil.rmtree(old, ignore_errors=True)
-  if os.path.exists(target):
-    os.replace(target, old)
-  os.replace(new, target)
-  shutil.rmtree(old, ignore_errors=True)
+  """Moves a finished directory into place; readers never see a partial one
+  (on a local disk; gs:// renames object by object)."""
+  old = epath.Path(target.rstrip('/') + '.old')
+  if old.exists():
+    old.rmtree()
+  if epath.Path(target).exists():
+    epath.Path(target).rename(old)
+  epath.Path(new).rename(target)
+  if old.exists():
+    old.rmtree()
 
 
 def corpus_dir(name: str) -> str:
@@ -355,13 +356,12 @@ def corpus_dir(name: str) -> str:
 
 
 def load_metadata(corpus_dir: str) -> dict:
-  path = os.path.join(corpus_dir, METADATA)
-  if not os.path.exists(path):
+  path = epath.Path(corpus_dir) / METADATA
+  if not path.exists():
     raise FileNotFoundError(
         f'No corpus at {corpus_dir} ({METADATA} missing); build one with '
         '`realm-jax data build-corpus`.')
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(path.read_text())
 
 
 def shard_paths(corpus_dir: str) -> list[str]:

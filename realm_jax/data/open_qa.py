@@ -15,6 +15,7 @@ import os
 from typing import Iterator, NamedTuple
 
 import gin
+from etils import epath
 
 from realm_jax.data.skips import SkipReport, parse_json_line
 from realm_jax.evaluation.metrics import compile_answer_pattern
@@ -28,7 +29,7 @@ class QAExample(NamedTuple):
 
 
 def _lines(path) -> Iterator[tuple[int, bytes]]:
-  with open(path, 'rb') as f:
+  with epath.Path(path).open('rb') as f:
     for number, line in enumerate(f, 1):
       if line.strip():
         yield number, line
@@ -61,8 +62,7 @@ def _read_topics_tsv(path, report):
 
 
 def _read_web_questions(path, report):
-  with open(path, encoding='utf-8') as f:
-    rows = json.load(f)
+  rows = json.loads(epath.Path(path).read_text())
   for number, row in enumerate(rows):
     yield f'{path}[{number}]', row.get('qText'), row.get('answers')
 
@@ -133,7 +133,7 @@ def load(benchmark: str, split: str, directory: str | None = None,
   examples = []
   for name, reader in FILES[benchmark][split]:
     path = os.path.join(root, name)
-    if not os.path.exists(path):
+    if not epath.Path(path).exists():
       raise FileNotFoundError(f'{benchmark}/{split}: missing {path}')
     for where, question, answers in reader(path, report):
       if not isinstance(question, str) or not question.strip():

@@ -15,10 +15,10 @@ import collections
 import json
 import os
 import re
-import shutil
 from typing import Iterator
 
 import tensorflow as tf
+from etils import epath
 
 from realm_jax import embedded
 from realm_jax.data import corpus
@@ -215,11 +215,11 @@ def annotate_corpus(corpus_dir: str, tokenizer: WordPieceTokenizer,
   annotator = SpanAnnotator(tokenizer, load_tagger(tagger_dir),
                             max_query_length, num_processes)
   out_dir = os.path.join(corpus_dir, ANNOTATED_DIR)
-  tmp_dir = out_dir + '.incomplete'
-  shutil.rmtree(tmp_dir, ignore_errors=True)
-  os.makedirs(tmp_dir)
-  writers = {split: tf.io.TFRecordWriter(os.path.join(tmp_dir,
-                                                      f'{split}.tfrecord'))
+  tmp_dir = epath.Path(out_dir + '.incomplete')
+  if tmp_dir.exists():
+    tmp_dir.rmtree()
+  tmp_dir.mkdir(parents=True)
+  writers = {split: tf.io.TFRecordWriter(str(tmp_dir / f'{split}.tfrecord'))
              for split in ('train', 'validation')}
   counts = collections.Counter()
   progress = Progress('annotated', meta['num_blocks'], unit='blocks')
@@ -248,9 +248,8 @@ def annotate_corpus(corpus_dir: str, tokenizer: WordPieceTokenizer,
       'max_query_length': max_query_length,
       'skipped': annotator.report.as_dict(),
   }
-  with open(os.path.join(tmp_dir, corpus.METADATA), 'w') as f:
-    json.dump(stats, f, indent=1)
-  corpus.replace_dir(tmp_dir, out_dir)
+  (tmp_dir / corpus.METADATA).write_text(json.dumps(stats, indent=1))
+  corpus.replace_dir(str(tmp_dir), out_dir)
   print(f'{with_spans:,} of {counts["blocks"]:,} blocks '
         f'({100 * stats["fraction_with_salient_span"]:.1f}%) have a salient '
         f'span; {counts["spans"]:,} spans '

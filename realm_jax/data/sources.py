@@ -3,6 +3,8 @@
 import json
 from typing import Iterator, NamedTuple
 
+from etils import epath
+
 
 class Article(NamedTuple):
   title: str
@@ -17,11 +19,10 @@ def read_wiki_leads(path) -> Iterator[Article]:
   have nothing to retrieve and are skipped; a malformed entry raises naming the
   file and the key.
   """
-  with open(path, encoding='utf-8') as f:
-    try:
-      entries = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'{path}: not valid JSON ({e}).') from e
+  try:
+    entries = json.loads(epath.Path(path).read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path}: not valid JSON ({e}).') from e
   if not isinstance(entries, dict):
     raise ValueError(f'{path}: expected a JSON object of title -> entry, got '
                      f'{type(entries).__name__}.')

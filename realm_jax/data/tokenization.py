@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
+from etils import epath
 
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 _TRIMMERS = {
@@ -28,10 +29,11 @@ class WordPieceTokenizer:
 
   def __init__(self, vocab_path, lower_case: bool = True):
     vocab_path = os.fspath(vocab_path)
-    if not os.path.isfile(vocab_path):
+    if not epath.Path(vocab_path).is_file():
       raise FileNotFoundError(f'WordPiece vocab file not found: {vocab_path}')
-    with open(vocab_path, encoding='utf-8') as f:
-      self.vocab = [line.rstrip('\n') for line in f]
+    self.vocab = epath.Path(vocab_path).read_text().split('\n')
+    if self.vocab[-1] == '':
+      self.vocab.pop()
     ids = {token: i for i, token in enumerate(self.vocab)}
     absent = [t for t in SPECIAL_TOKENS if t not in ids]
     if absent:

@@ -6,9 +6,9 @@ run's config to read the null document alone (no retrieval).
 """
 
 import json
-import os
 
 import jax
+from etils import epath
 
 from realm_jax.evaluation.prediction import RestoredRun
 from realm_jax.training import run_kinds
@@ -34,7 +34,7 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   summary = {'model_dir': model_dir, 'step': restored.step,
              'index_step': run.retrieval.client.index_step,
              'num_candidates': run.num_candidates, **metrics}
-  os.makedirs(output_dir, exist_ok=True)
-  with open(os.path.join(output_dir, f'{name}_metrics.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
+  output = epath.Path(output_dir)
+  output.mkdir(parents=True, exist_ok=True)
+  (output / f'{name}_metrics.json').write_text(json.dumps(summary, indent=2))
   return summary

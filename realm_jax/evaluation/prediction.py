@@ -10,12 +10,12 @@ same provenance, and retrieves for any run.
 """
 
 import functools
-import os
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from realm_jax.evaluation.answers import BlockTexts, answers_of, block_segments
 from realm_jax.models import losses
@@ -64,12 +64,13 @@ class RestoredRun:
 
   def __init__(self, model_dir: str, run_kind, step: int | None = None,
                gin_files=(), gin_bindings=()):
-    config = os.path.join(model_dir, 'config.gin')
-    if not os.path.exists(config):
+    config = epath.Path(model_dir) / 'config.gin'
+    if not config.exists():
       raise FileNotFoundError(f'No {config}: is {model_dir} a realm-jax '
                               'training run?')
     gin.clear_config()
-    gin.parse_config_files_and_bindings([config, *gin_files], gin_bindings,
+    gin.parse_config(config.read_text(), skip_unknown=True)
+    gin.parse_config_files_and_bindings(gin_files, gin_bindings,
                                         skip_unknown=True,
                                         finalize_config=False)
     self.kind = gin.query_parameter('train.run').selector

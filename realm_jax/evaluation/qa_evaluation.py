@@ -11,11 +11,11 @@ JSONL row with its retrieved blocks.
 """
 
 import json
-import os
 
 import numpy as np
 import seqio
 import tensorflow as tf
+from etils import epath
 
 from realm_jax.data import open_qa
 from realm_jax.evaluation import metrics
@@ -163,10 +163,9 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     summary[f'{name}_answer_in_corpus'] = percent(
         [r['correct'] for r in subset])
     summary['unaligned_spans'] = texts.unaligned
-  os.makedirs(output_dir, exist_ok=True)
-  with open(os.path.join(output_dir, f'{task}_predictions.jsonl'), 'w') as f:
-    for row in rows:
-      f.write(json.dumps(row) + '\n')
-  with open(os.path.join(output_dir, f'{task}_metrics.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
+  output = epath.Path(output_dir)
+  output.mkdir(parents=True, exist_ok=True)
+  (output / f'{task}_predictions.jsonl').write_text(
+      ''.join(json.dumps(row) + '\n' for row in rows))
+  (output / f'{task}_metrics.json').write_text(json.dumps(summary, indent=2))
   return summary

@@ -8,10 +8,10 @@ call. Staleness is the trainer step minus the step of the parameters that
 embedded the index.
 """
 
-import os
 
 import gin
 import numpy as np
+from etils import epath
 
 from realm_jax.index import publication
 from realm_jax.index.exact import ExactSearcher
@@ -41,7 +41,7 @@ class IndexClient:
 
   def _newest_step(self) -> int | None:
     if self._manager is None:
-      if not os.path.isdir(publication.index_dir(self.model_dir)):
+      if not epath.Path(publication.index_dir(self.model_dir)).is_dir():
         return None
       self._manager = publication.index_manager(
           publication.index_dir(self.model_dir), read_only=True)

@@ -9,12 +9,13 @@ read is logged and retried, never fatal.
 """
 
 import logging
-import os
 import time
 
 import gin
 import jax
+from etils import epath
 
+from realm_jax import distributed
 from realm_jax.data import corpus
 from realm_jax.index import publication
 from realm_jax.index.embed import (DocumentEmbedder, embed_corpus,
@@ -49,7 +50,7 @@ def embed_and_publish(index, step: int, embedder: DocumentEmbedder, params,
 
 
 def _wait_for_checkpoints(model_dir: str, poll_seconds: float):
-  while not os.path.isdir(publication.checkpoints_dir(model_dir)):
+  while not epath.Path(publication.checkpoints_dir(model_dir)).is_dir():
     time.sleep(poll_seconds)
   return publication.trainer_checkpoints(model_dir)
 
@@ -66,6 +67,7 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
   if searcher not in publication.SEARCHERS:
     raise ValueError(f'searcher={searcher!r}; expected one of '
                      f'{publication.SEARCHERS}.')
+  distributed.initialize()
   corpus_metadata = corpus.load_metadata(corpus_dir)
   arrays = local_block_arrays(corpus_dir, block_length)
   embedder = DocumentEmbedder(model_retriever(), batch_size)

@@ -9,10 +9,13 @@ Excluded ids are honoured by over-fetching and filtering.
 """
 
 import os
+import pathlib
 import re
+import tempfile
 
 import gin
 import numpy as np
+from etils import epath
 
 _MIN_DOCS_FOR_HASHING = 2_048  # Below this, k-means codebooks are not worth it.
 
@@ -45,27 +48,34 @@ class ScannSearcher:
             np.where(missing, -1, ids).astype(np.int32))
 
   def serialize(self, directory: str) -> None:
-    os.makedirs(directory, exist_ok=True)
-    self._searcher.serialize(directory)
-    with open(os.path.join(directory, 'num_docs'), 'w') as f:
-      f.write(str(self.num_docs))
+    """ScaNN writes local files only; a gs:// directory gets copies."""
+    with tempfile.TemporaryDirectory() as local:
+      self._searcher.serialize(local)
+      target = epath.Path(directory)
+      target.mkdir(parents=True, exist_ok=True)
+      for file in pathlib.Path(local).iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+      (target / 'num_docs').write_text(str(self.num_docs))
 
   @classmethod
   def load(cls, directory: str) -> 'ScannSearcher':
     """Loads a serialized index, wherever its directory has moved since.
 
     ScaNN records absolute asset paths, which a checkpoint's final rename
-    invalidates; they are re-pointed into `directory`.
+    invalidates; they are re-pointed into a local copy of `directory`
+    (ScaNN reads local files only).
     """
     from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
-    with open(os.path.join(directory, 'num_docs')) as f:
-      num_docs = int(f.read())
-    with open(os.path.join(directory, 'scann_assets.pbtxt')) as f:
+    source = epath.Path(directory)
+    num_docs = int((source / 'num_docs').read_text())
+    with tempfile.TemporaryDirectory() as local:
+      for file in source.iterdir():
+        (pathlib.Path(local) / file.name).write_bytes(file.read_bytes())
       assets = re.sub(
           r'asset_path: "([^"]*)"',
-          lambda m: f'asset_path: "{os.path.join(directory, os.path.basename(m.group(1)))}"',
-          f.read())
-    numpy_searcher = scann_ops_pybind.scann_pybind.ScannNumpy(directory, assets)
+          lambda m: f'asset_path: "{os.path.join(local, os.path.basename(m.group(1)))}"',
+          (source / 'scann_assets.pbtxt').read_text())
+      numpy_searcher = scann_ops_pybind.scann_pybind.ScannNumpy(local, assets)
     return cls(scann_ops_pybind.ScannSearcher(numpy_searcher), num_docs)
 
 

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 import gin
 import numpy as np
+from etils import epath
 
 from realm_jax.models.bert import BertConfig
 
@@ -115,9 +116,10 @@ class _Source:
 
 
 def _safetensors_source(path: str) -> _Source:
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  handle = safe_open(path, framework='numpy')
-  keys = list(handle.keys())
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+  # Read whole through epath, so gs:// weights load like local ones.
+  tensors = safetensors_numpy.load(epath.Path(path).read_bytes())
+  keys = list(tensors)
   # BertForPreTraining & co. prefix the encoder with `bert.`.
   prefix = 'bert.' if any(k.startswith('bert.') for k in keys) else ''
   names = {}
@@ -127,8 +129,8 @@ def _safetensors_source(path: str) -> _Source:
     name = re.sub(r'LayerNorm\.gamma$', 'LayerNorm.weight', name)
     name = re.sub(r'LayerNorm\.beta$', 'LayerNorm.bias', name)
     names[name] = key
-  shapes = {n: tuple(handle.get_slice(k).get_shape()) for n, k in names.items()}
-  return _Source(path, shapes, lambda n: handle.get_tensor(names[n]),
+  shapes = {n: tensors[k].shape for n, k in names.items()}
+  return _Source(path, shapes, lambda n: tensors[names[n]],
                  _IGNORED_HF, transpose_kernels=True)
 
 
@@ -143,19 +145,19 @@ def _tf_checkpoint_source(prefix: str) -> _Source:
 def _open_source(path: str) -> _Source:
   """Finds the weights behind a directory, .safetensors file or TF prefix."""
   path = os.fspath(path)
-  if os.path.isdir(path):
+  if epath.Path(path).is_dir():
     for name in ('model.safetensors', 'bert_model.ckpt.index'):
-      if os.path.exists(os.path.join(path, name)):
+      if (epath.Path(path) / name).exists():
         return _open_source(os.path.join(path, name.removesuffix('.index')))
     raise FileNotFoundError(
         f'No BERT weights in directory {path}: expected model.safetensors or '
         'bert_model.ckpt.index.')
   if path.endswith('.safetensors'):
-    if not os.path.exists(path):
+    if not epath.Path(path).exists():
       raise FileNotFoundError(f'BERT weights file not found: {path}')
     return _safetensors_source(path)
   prefix = path.removesuffix('.index')
-  if os.path.exists(prefix + '.index'):
+  if epath.Path(prefix + '.index').exists():
     return _tf_checkpoint_source(prefix)
   raise FileNotFoundError(
       f'BERT weights not found: {path} is neither a .safetensors file nor a '
@@ -260,8 +262,7 @@ _HF_FIELDS = {
 
 def config_from_hf(config_json, **overrides) -> BertConfig:
   """BertConfig from a Hugging Face `config.json` (architecture fields only)."""
-  with open(config_json) as f:
-    hf = json.load(f)
+  hf = json.loads(epath.Path(config_json).read_text())
   if hf.get('model_type', 'bert') != 'bert' or hf.get('hidden_act',
                                                       'gelu') != 'gelu':
     raise WeightImportError(

@@ -9,10 +9,10 @@ Saves run in the background; Orbax renames a finished step into place, so a
 run killed at any moment leaves its previous checkpoint whole.
 """
 
-import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from realm_jax.index import publication
 from realm_jax.training.train_state import TrainState
@@ -87,8 +87,8 @@ def restore_params(model_dir: str, step: int | None = None
     raise FileNotFoundError(
         f'No checkpoint {step} under {publication.checkpoints_dir(model_dir)};'
         f' kept: {sorted(manager.all_steps())}.')
-  names = [name for name in ('retriever', 'reader') if os.path.isdir(
-      os.path.join(str(manager.directory), str(step), _params_item(name)))]
+  names = [name for name in ('retriever', 'reader') if (
+      epath.Path(manager.directory) / str(step) / _params_item(name)).is_dir()]
   restored = manager.restore(step, args=ocp.args.Composite(**{
       _params_item(n): ocp.args.StandardRestore() for n in names}))
   return step, {n: jax.device_get(restored[_params_item(n)]) for n in names}

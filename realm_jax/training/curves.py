@@ -6,6 +6,8 @@ loss, masked accuracy, retrieval_utility and index staleness read at a glance.
 
 import json
 
+from etils import epath
+
 CURVES = ('loss', 'masked_token_accuracy', 'retrieval_utility',
           'null_document_prob', 'index_staleness', 'accuracy',
           'answer_recall', 'learning_rate')
@@ -15,7 +17,7 @@ def read_metrics(jsonl_path: str) -> dict[str, tuple[list[int], list[float]]]:
   """name -> (steps, values); a step written twice (a resumed run) keeps its
   last value."""
   by_name: dict[str, dict[int, float]] = {}
-  with open(jsonl_path, encoding='utf-8') as f:
+  with epath.Path(jsonl_path).open() as f:
     for number, line in enumerate(f, 1):
       try:
         row = json.loads(line)
@@ -54,6 +56,7 @@ def plot_curves(jsonl_path: str, png_path: str, names=CURVES) -> list[str]:
   for axis in list(axes.flat)[len(drawn):]:
     axis.axis('off')
   figure.tight_layout()
-  figure.savefig(png_path, dpi=100)
+  with epath.Path(png_path).open('wb') as f:
+    figure.savefig(f, format='png', dpi=100)
   plt.close(figure)
   return drawn

@@ -1,14 +1,16 @@
 """Train metrics to TensorBoard event files, the log, and a JSONL file.
 
 The JSONL file (one {"step": ..., name: value} object per write) is what
-scripts and plots read without TensorBoard.
+scripts and plots read without TensorBoard. model_dir may be local or gs://.
 """
 
+import contextlib
 import json
 import os
 
 import jax
 from clu import metric_writers
+from etils import epath
 
 
 class JsonlWriter(metric_writers.LoggingWriter):
@@ -17,7 +19,8 @@ class JsonlWriter(metric_writers.LoggingWriter):
   def __init__(self, path: str):
     super().__init__()
     self.path = path
-    self._file = open(path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+    self._open = contextlib.ExitStack()  # Open until close(), on any filesystem.
+    self._file = self._open.enter_context(epath.Path(path).open('a'))
 
   def write_scalars(self, step, scalars):
     row = {'step': int(step)}
@@ -28,7 +31,7 @@ class JsonlWriter(metric_writers.LoggingWriter):
     self._file.flush()
 
   def close(self):
-    self._file.close()
+    self._open.close()
 
 
 def metrics_path(model_dir: str, name: str = 'train') -> str:
@@ -40,7 +43,7 @@ def create_writer(model_dir: str, name: str = 'train'
   """TensorBoard + log + model_dir/<name>_metrics.jsonl (process 0 only)."""
   if jax.process_index() > 0:
     return metric_writers.create_default_writer(just_logging=True)
-  os.makedirs(model_dir, exist_ok=True)
+  epath.Path(model_dir).mkdir(parents=True, exist_ok=True)
   return metric_writers.MultiWriter([
       metric_writers.create_default_writer(
           os.path.join(model_dir, 'tensorboard', name), asynchronous=False),

@@ -7,8 +7,6 @@ mlp, vocab, ...); `LOGICAL_AXIS_RULES` maps those names onto mesh axes, and a
 name without a rule is replicated.
 """
 
-import os
-
 import gin
 import jax
 import numpy as np
@@ -73,18 +71,6 @@ def state_shardings(abstract_state, param_shardings, mesh: Mesh):
     return replicated(mesh)
 
   return jax.tree_util.tree_map_with_path(sharding_of, abstract_state)
-
-
-def initialize_distributed() -> None:
-  """`jax.distributed.initialize()` when launched as several processes.
-
-  Cloud TPU pods are detected by JAX itself; elsewhere the standard
-  JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables
-  name the group. A single process needs nothing.
-  """
-  if int(os.environ.get('JAX_NUM_PROCESSES', '1')) > 1 or os.environ.get(
-      'TPU_WORKER_HOSTNAMES', '').count(',') > 0:
-    jax.distributed.initialize()
 
 
 def global_batch(local_batch: dict, mesh: Mesh) -> dict:

@@ -10,11 +10,11 @@ p(z|x) with the current parameters, so gradients reach both towers.
 docs/training.md measures the share of a step this takes.
 """
 
-import os
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from realm_jax.data import corpus
 from realm_jax.index import publication
@@ -68,7 +68,7 @@ class CandidateRetrieval:
     """Publishes another run's index of `source_step` as our `step`; False
     when it has none that fits this corpus and block cut."""
     directory = publication.index_dir(source_dir)
-    if not os.path.isdir(directory):
+    if not epath.Path(directory).is_dir():
       return False
     source = publication.index_manager(directory, read_only=True)
     if source_step not in source.all_steps():

@@ -18,8 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from flax import linen as nn
 
+from realm_jax import distributed
 from realm_jax.progress import Progress
 from realm_jax.training import input_pipeline, optimizer, partitioning
 from realm_jax.training.checkpoints import Checkpoints
@@ -134,7 +136,8 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
           seed: int = 0, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, log_every: int = 10,
           eval_every: int | None = None, eval_batches: int = 10,
-          eval_batch_size: int | None = None) -> TrainState:
+          eval_batch_size: int | None = None,
+          data_shards: int | None = None) -> TrainState:
   """Trains `run` to `num_steps`, resuming from model_dir's newest checkpoint.
 
   Args:
@@ -149,13 +152,16 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
     eval_every: steps between held-out evaluations (also at step 0); None
       for none.
     eval_batches / eval_batch_size: size of each evaluation.
+    data_shards: disjoint shards the global batch is drawn from (default:
+      one per process); fix it to keep the data order across host counts.
   """
-  partitioning.initialize_distributed()
+  distributed.initialize()
   mesh = partitioning.make_mesh()
   trainer = Trainer(run, model_dir, mesh, num_steps, seed)
   checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
+  data_shards = data_shards or jax.process_count()
   position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
-              'processes': jax.process_count()}  # Shards decide the order.
+              'data_shards': data_shards}  # Shards decide the order.
   latest = checkpoints.latest_step()
   if latest is None:
     state = trainer.initial_state()
@@ -169,14 +175,14 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   writer = create_writer(model_dir)
   if jax.process_index() == 0:
     # The operative config, for evaluation and serving to rebuild the model.
-    with open(os.path.join(model_dir, 'config.gin'), 'w',
-              encoding='utf-8') as f:
-      f.write(gin.operative_config_str())
+    (epath.Path(model_dir) / 'config.gin').write_text(
+        gin.operative_config_str())
   if eval_every and start == 0:
     _write(writer, 0, trainer.evaluate(state.params, 0, eval_batch_size or
                                        batch_size, eval_batches, seed), 'eval/')
   data = input_pipeline.batches(run.task, 'train', run.shapes, batch_size,
-                                seed=seed, skip_batches=start)
+                                seed=seed, skip_batches=start,
+                                data_shards=data_shards)
   progress = Progress('train', num_steps, unit='steps', every_s=10,
                       done=start, also=(batch_size, 'examples'))
   window, window_start = [], time.perf_counter()

@@ -1,0 +1,30 @@
+"""Joining a multi-process JAX program (a Cloud TPU pod slice, or several
+processes on one machine), before any device is touched.
+
+The trainer and the index builder both call `initialize()` first. On Cloud
+TPU VMs JAX finds the pod itself; elsewhere three variables name the group:
+JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and
+JAX_PROCESS_ID. A single process needs none of them.
+"""
+
+import os
+
+import jax
+
+_VARIABLES = ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID')
+
+
+def initialize() -> None:
+  """`jax.distributed.initialize` once, when launched as several processes."""
+  if jax.distributed.is_initialized():
+    return
+  if int(os.environ.get('JAX_NUM_PROCESSES', '1')) > 1:
+    missing = [v for v in _VARIABLES if not os.environ.get(v)]
+    if missing:
+      raise ValueError(f'JAX_NUM_PROCESSES > 1 needs {", ".join(missing)} '
+                       'too (the coordinator host:port and this process).')
+    jax.distributed.initialize(os.environ['JAX_COORDINATOR_ADDRESS'],
+                               int(os.environ['JAX_NUM_PROCESSES']),
+                               int(os.environ['JAX_PROCESS_ID']))
+  elif os.environ.get('TPU_WORKER_HOSTNAMES', '').count(',') > 0:
+    jax.distributed.initialize()  # A multi-host TPU slice: JAX finds it.

@@ -1,0 +1,113 @@
+"""Every path may be local or gs://: what the system reads and writes outside
+Orbax goes through etils.epath, checked here on TensorFlow's in-memory
+`ram://` filesystem (the same tf.io.gfile backend epath uses for gs://), and
+a scan of the source for file calls that would work on local disks only."""
+
+import ast
+import os
+
+import jax
+import numpy as np
+import pytest
+from etils import epath
+from etils.epath import backend, gpath, register
+
+from realm_jax.data import corpus
+from realm_jax.data.tokenization import WordPieceTokenizer
+from realm_jax.models import pretrained
+from realm_jax.training.curves import plot_curves, read_metrics
+from realm_jax.training.metric_writer import JsonlWriter
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'realm_jax')
+
+
+@pytest.fixture
+def ram(monkeypatch):
+  """`ram://` routed like gs://, through epath's tf.io.gfile backend."""
+  monkeypatch.setattr(gpath, '_URI_PREFIXES', gpath._URI_PREFIXES + ('ram://',))
+  monkeypatch.setattr(gpath, '_URI_SCHEMES', gpath._URI_SCHEMES | {'ram'})
+  monkeypatch.setitem(gpath._URI_MAP_ROOT, 'ram://', '/ram/')
+  monkeypatch.setitem(gpath._PREFIX_TO_BACKEND, 'ram', backend.tf_backend)
+  monkeypatch.setitem(register._URI_PREFIXES_TO_CLS, 'ram://',
+                      gpath.PosixGPath)
+  root = epath.Path(f'ram://{os.getpid()}/{id(monkeypatch)}')
+  yield root
+  if root.exists():
+    root.rmtree()
+
+
+def _copy(source: str, target: epath.Path) -> epath.Path:
+  target.mkdir(parents=True, exist_ok=True)
+  for name in os.listdir(source):
+    if os.path.isfile(os.path.join(source, name)):
+      (target / name).write_bytes(epath.Path(source, name).read_bytes())
+  return target
+
+
+def test_metrics_append_across_resumes_and_plot_on_a_remote_dir(ram):
+  path = str(ram / 'run' / 'train_metrics.jsonl')
+  ram.joinpath('run').mkdir(parents=True)
+  for steps in ((1, 2), (2, 3)):  # A resumed run rewrites step 2.
+    writer = JsonlWriter(path)
+    for step in steps:
+      writer.write_scalars(step, {'loss': 10.0 - step})
+    writer.close()
+  assert read_metrics(path)['loss'] == ([1, 2, 3], [9.0, 8.0, 7.0])
+  plot_curves(path, str(ram / 'run' / 'train_curves.png'))
+  assert (ram / 'run' / 'train_curves.png').read_bytes()[:4] == b'\x89PNG'
+
+
+def test_weights_and_vocab_load_from_a_remote_dir(ram, minilm_dir):
+  remote = _copy(minilm_dir, ram / 'minilm')
+  config = pretrained.config_from_hf(str(remote / 'config.json'))
+  local = pretrained.load_bert_params(minilm_dir, config)
+  loaded = pretrained.load_bert_params(str(remote), config)
+  jax.tree.map(np.testing.assert_array_equal, loaded, local)
+  tokenizer = WordPieceTokenizer(str(remote / 'vocab.txt'))
+  assert tokenizer.vocab == WordPieceTokenizer(
+      os.path.join(minilm_dir, 'vocab.txt')).vocab
+
+
+def test_a_corpus_reads_from_a_remote_dir(ram, small_corpus):
+  local = os.path.join(small_corpus, 'wiki_leads')
+  remote = str(_copy(local, ram / 'wiki_leads'))
+  assert corpus.load_metadata(remote) == corpus.load_metadata(local)
+  ids = lambda d: [int(b['block_id']) for b in corpus.read_blocks(d)]
+  assert ids(remote) == ids(local) == list(range(60))
+
+
+# Local-only file calls; the modules that read installed packages or their
+# own source tree are the exceptions.
+LOCAL_ONLY = {'open', 'os.makedirs', 'os.path.exists', 'os.path.isdir',
+              'os.path.isfile', 'os.path.getsize', 'os.replace', 'os.listdir',
+              'os.remove', 'shutil.rmtree', 'shutil.copytree'}
+ALLOWED = {'embedded.py': 'the installed packages of the embedded default'}
+
+
+def _calls(tree):
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call):
+      name = ast.unparse(node.func)
+      if name in LOCAL_ONLY:
+        yield node.lineno, name
+
+
+def test_no_local_only_file_calls_in_the_package():
+  found = []
+  for root, _, files in os.walk(PACKAGE):
+    for name in files:
+      if name.endswith('.py') and name not in ALLOWED:
+        path = os.path.join(root, name)
+        with open(path, encoding='utf-8') as f:
+          tree = ast.parse(f.read())
+        found += [f'{os.path.relpath(path, PACKAGE)}:{line}: {call}'
+                  for line, call in _calls(tree)]
+  assert not found, 'use etils.epath instead:\n' + '\n'.join(found)
+
+
+def test_the_scan_catches_a_bare_open():
+  tree = ast.parse("with open(os.path.join(model_dir, 'x')) as f:\n  pass\n"
+                   "os.makedirs(d)\nepath.Path(d).open()\n")
+  assert sorted(c for _, c in _calls(tree)) == ['open', 'os.makedirs']
+
