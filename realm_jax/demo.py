@@ -21,12 +21,12 @@ results.json, RESULTS.md and the pre-training curves into work_dir.
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import gin
+from etils import epath
 
+from launch import local
 from realm_jax import embedded, main
 from realm_jax.data import corpus, open_qa, salient_spans
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -52,15 +52,12 @@ class Stages:
   """Runs each stage once; a finished stage's marker makes re-runs skip it."""
 
   def __init__(self, work_dir: str):
-    self.dir = os.path.join(work_dir, 'stages')
-    os.makedirs(self.dir, exist_ok=True)
+    self.dir = epath.Path(work_dir) / 'stages'
+    self.dir.mkdir(parents=True, exist_ok=True)
 
   def done(self, name: str) -> dict | None:
-    path = os.path.join(self.dir, f'{name}.json')
-    if not os.path.exists(path):
-      return None
-    with open(path) as f:
-      return json.load(f)
+    path = self.dir / f'{name}.json'
+    return json.loads(path.read_text()) if path.exists() else None
 
   def run(self, name: str, fn, *args) -> dict:
     finished = self.done(name)
@@ -73,10 +70,9 @@ class Stages:
     gin.clear_config()
     result = fn(*args) or {}
     record = {'seconds': time.perf_counter() - start, **result}
-    with open(os.path.join(self.dir, f'{name}.json.tmp'), 'w') as f:
-      json.dump(record, f, indent=2)
-    os.replace(os.path.join(self.dir, f'{name}.json.tmp'),
-               os.path.join(self.dir, f'{name}.json'))
+    # Written whole, then renamed: a killed stage leaves no marker.
+    (self.dir / f'{name}.json.tmp').write_text(json.dumps(record, indent=2))
+    (self.dir / f'{name}.json.tmp').replace(self.dir / f'{name}.json')
     print(f'== {name}: {record["seconds"]:.0f}s', flush=True)
     return record
 
@@ -114,34 +110,26 @@ def recall(model_dir: str, output_dir: str, step: int | None = None) -> dict:
 
 def pretrain(model_dir: str, ict_dir: str, stale_factor: int = 1,
              with_refresh: bool = True) -> dict:
-  """REALM pre-training; with `with_refresh`, the index builder runs beside
-  it as its own process (its log: model_dir/refresh.log) and held-out
-  metrics are drawn every 20 steps (the ablation is scored afterwards)."""
-  builder = None
-  if with_refresh:
-    os.makedirs(model_dir, exist_ok=True)
-    log = open(os.path.join(model_dir, 'refresh.log'), 'a')
-    builder = subprocess.Popen(
-        [sys.executable, '-m', 'realm_jax.main', 'refresh',
-         f'--model_dir={model_dir}', f'--gin_file={SETUP}',
-         '--poll_seconds=1'], stdout=log, stderr=subprocess.STDOUT)
-    print(f'index builder: pid {builder.pid}, log {log.name}', flush=True)
-  try:
-    _train(model_dir, 'pretrain', f'--gin.train.num_steps={PRETRAIN_STEPS}',
-           '--gin.train.batch_size=8', f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
+  """REALM pre-training; with `with_refresh`, the trainer and the index
+  builder run side by side as two processes (launch.local; the builder's log:
+  model_dir/refresh.log) and held-out metrics are drawn every 20 steps (the
+  ablation, trained alone in this process, is scored afterwards)."""
+  flags = [f'--gin.train.num_steps={PRETRAIN_STEPS}',
+           '--gin.train.batch_size=8',
+           f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
            f'--gin.IndexClient.stale_factor={stale_factor}',
            f'--gin.train.eval_every={20 if with_refresh else 0}',
            '--gin.bert_adamw.warmup_steps=6',
-           '--gin.bert_adamw.learning_rate=1e-4')
-    if builder is not None:
-      # Training is done; the builder publishes the last step, then exits.
-      if builder.wait(timeout=600) != 0:
-        raise RuntimeError(f'the index builder failed: see {log.name}')
-  finally:
-    if builder is not None:
-      if builder.poll() is None:
-        builder.kill()
-      log.close()
+           '--gin.bert_adamw.learning_rate=1e-4']
+  if with_refresh:
+    local.run(model_dir,
+              train_args=['--gin_file=gin/runs/pretrain.gin',
+                          '--gin_file=gin/runs/eval.gin',
+                          f'--gin_file={SETUP}', *flags],
+              refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1'],
+              refresh_timeout=600)
+  else:
+    _train(model_dir, 'pretrain', *flags)
   steps = sorted(publication.index_manager(
       publication.index_dir(model_dir), read_only=True).all_steps())
   return {'index_steps_kept': steps}
@@ -178,7 +166,7 @@ def qa(model_dir: str, output_dir: str) -> dict:
 
 def _qa_data() -> str | None:
   directory = os.environ.get(open_qa.DATA_DIR_ENV)
-  if directory and all(os.path.isdir(os.path.join(directory, b))
+  if directory and all((epath.Path(directory) / b).is_dir()
                        for b in QA_TASKS):
     return directory
   print(f'\nThe QA stages need the Open-QA benchmarks: set '
@@ -192,7 +180,8 @@ def _qa_data() -> str | None:
 
 def run(work_dir: str = 'runs/demo') -> dict:
   """Every stage in order; returns (and writes) the results."""
-  work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
+  if '://' not in work_dir:
+    work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
   stages = Stages(work_dir)
   d = lambda name: os.path.join(work_dir, name)
   has_qa = _qa_data() is not None
@@ -331,9 +320,8 @@ def report(results: dict, work_dir: str) -> None:
   curves.plot_curves(
       os.path.join(work_dir, 'pretrain', 'train_metrics.jsonl'),
       os.path.join(work_dir, 'pretrain_curves.png'))
-  with open(os.path.join(work_dir, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=2)
+  (epath.Path(work_dir) / 'results.json').write_text(
+      json.dumps(results, indent=2))
   text = markdown(results)
-  with open(os.path.join(work_dir, 'RESULTS.md'), 'w') as f:
-    f.write(text)
+  (epath.Path(work_dir) / 'RESULTS.md').write_text(text)
   print('\n' + text)

@@ -123,6 +123,26 @@ def _parser() -> argparse.ArgumentParser:
   refresh.add_argument('--poll_seconds', type=float, default=2.0)
   refresh.add_argument('--batch_size', type=int, default=64)
   add_gin(refresh, 'gin/models/minilm_l6.gin')
+
+  aot = commands.add_parser(
+      'aot', help='Compile the train step, the index builder\'s embedding '
+      'step and exact search for a target mesh (faked CPU devices, abstract '
+      'inputs: nothing allocated) and print per-device memory and FLOPs.',
+      epilog='e.g. realm-jax aot --gin_file=gin/setups/paper_scale.gin '
+      '--mesh=64')
+  aot.add_argument('--mesh', type=int, required=True,
+                   help="The trainer's device count.")
+  aot.add_argument('--builder_mesh', type=int, default=16,
+                   help="The index builder's device count.")
+  aot.add_argument('--run', choices=('pretrain', 'ict', 'finetune'),
+                   default='pretrain',
+                   help='gin/runs/<run>.gin, read before the --gin_file(s).')
+  aot.add_argument('--device_memory_gib', type=float, default=32.0,
+                   help='One device\'s memory (TPU v4: 32 GiB of HBM).')
+  aot.add_argument('--output', default=None,
+                   help='Also write the figures here as JSON.')
+  aot.add_argument('--gin_file', action='append', default=[])
+  aot.add_argument('--gin_bindings', action='append', default=[])
   return parser
 
 
@@ -258,6 +278,32 @@ def _refresh(args) -> None:
                       args.poll_seconds, args.batch_size)
 
 
+def _aot(args) -> None:
+  import json  # pylint: disable=g-import-not-at-top
+  devices = max(args.mesh, args.builder_mesh)
+  # Before JAX starts: the target mesh, faked on the host CPU.
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
+                             f'--xla_force_host_platform_device_count={devices}')
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from realm_jax import aot  # pylint: disable=g-import-not-at-top
+  args.gin_file = [os.path.join(_GIN_DIR, 'runs', f'{args.run}.gin'),
+                   *args.gin_file]
+  _parse_gin(args)
+  programs = aot.compile_and_fit(args.mesh, args.builder_mesh)
+  print(aot.table(programs, args.device_memory_gib))
+  if args.output:
+    epath.Path(args.output).write_text(json.dumps(
+        {'mesh': args.mesh, 'builder_mesh': args.builder_mesh,
+         'device_memory_gib': args.device_memory_gib,
+         'programs': [p.as_dict() for p in programs]}, indent=2))
+  over = [p.name for p in programs
+          if p.total_bytes >= args.device_memory_gib * aot.GIB]
+  if over:
+    raise SystemExit(f'Does not fit in {args.device_memory_gib:g} GiB per '
+                     f'device: {", ".join(over)}.')
+
+
 def _tokenizer(vocab):
   from realm_jax import embedded  # pylint: disable=g-import-not-at-top
   from realm_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
@@ -287,7 +333,7 @@ def main(argv=None) -> int:
   if getattr(args, 'model_dir', None) and '://' not in args.model_dir:
     args.model_dir = os.path.abspath(args.model_dir)  # Orbax needs these.
   {'demo': _demo, 'data': _data, 'embed': _embed, 'refresh': _refresh,
-   'train': _train, 'fill': _fill, 'eval': _eval, 'ask': _ask}[
+   'train': _train, 'fill': _fill, 'eval': _eval, 'ask': _ask, 'aot': _aot}[
        args.command](args)
   return 0
 

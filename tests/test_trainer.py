@@ -289,7 +289,7 @@ def test_short_minilm_pretraining_improves_over_its_step_0(tmp_path,
       start, end)
 
 
-@pytest.mark.parametrize('setup', ['cpu_demo', 'gpu', 'tpu_v4_64',
+@pytest.mark.parametrize('setup', ['cpu_demo', 'gpu', 'tpu_v4',
                                    'paper_scale'])
 @pytest.mark.parametrize('run', ['ict', 'pretrain', 'finetune'])
 def test_every_run_and_setup_parse_in_either_order_and_the_last_wins(

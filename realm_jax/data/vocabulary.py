@@ -38,8 +38,10 @@ class WordPieceVocabulary(seqio.Vocabulary):
     return self.tokenizer.tokenize(tf.constant([s])).to_list()[0]
 
   def _decode(self, ids):
-    return self._decode_tf(tf.constant(list(ids), tf.int64)).numpy().decode(
-        'utf-8')
+    # Padding decodes to nothing, as in seqio's own vocabularies: predictions
+    # (a t5x model's) arrive padded to a fixed width.
+    ids = [i for i in ids if i != self.tokenizer.pad_id]
+    return self._decode_tf(tf.constant(ids, tf.int64)).numpy().decode('utf-8')
 
   def _encode_tf(self, s):
     return self.tokenizer.tokenize(tf.reshape(s, [1]))[0]

@@ -85,6 +85,14 @@ class DocumentEmbedder:
         out_shardings=self._sharding)
     self._replicated = replicated
 
+  def lower(self, abstract_params, block_length: int):
+    """The step lowered for a full batch of `block_length` wordpieces, with
+    `jax.ShapeDtypeStruct` parameters: nothing is allocated."""
+    batch = {k: jax.ShapeDtypeStruct((self.batch_size, block_length),
+                                     np.int32)
+             for k in ('token_ids', 'input_mask', 'token_type_ids')}
+    return self._embed.lower(abstract_params, batch)
+
   def __call__(self, params, arrays: dict[str, np.ndarray],
                progress: Progress | None = None) -> np.ndarray:
     """[n, D] float32 embeddings of the blocks in `arrays`."""

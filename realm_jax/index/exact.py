@@ -62,15 +62,39 @@ def exact_search(queries, embeddings, k: int, exclude_ids=None,
                         jnp.asarray(exclude_ids, jnp.int32), k, chunk_size)
 
 
+def index_mesh(devices) -> jax.sharding.Mesh:
+  """The 1-D mesh the embeddings are split over, row-wise."""
+  return jax.make_mesh((len(devices),), (AXIS,),
+                       (jax.sharding.AxisType.Explicit,), devices=devices)
+
+
+def sharded_top_k(mesh, num_docs: int, k: int, chunk_size: int = 65536):
+  """jit(queries [Q, D], rows [N', D] split over `mesh`, exclude_ids [Q, E])
+  -> (scores, ids) [Q, k]: every device's running top-k, gathered, merged."""
+
+  def shard_top_k(queries, rows, exclude_ids):
+    first_id = jax.lax.axis_index(AXIS) * rows.shape[0]
+    scores, ids = _top_k_of_rows(queries, rows, first_id, num_docs,
+                                 exclude_ids, min(k, rows.shape[0]),
+                                 chunk_size)
+    # [shards, Q, k] in shard order: lower ids first, for stable ties.
+    scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
+    ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
+    merged, pick = jax.lax.top_k(scores, k)
+    return merged, jnp.take_along_axis(ids, pick, axis=1)
+
+  return jax.jit(jax.shard_map(
+      shard_top_k, mesh=mesh, in_specs=(P(), P(AXIS), P()),
+      out_specs=(P(), P()), check_vma=False))
+
+
 class ExactSearcher:
   """Exact MIPS over embeddings sharded row-wise across `devices`."""
 
   def __init__(self, embeddings, devices=None, chunk_size: int = 65536):
     devices = list(devices if devices is not None else jax.devices())
     self.num_docs, self.dim = embeddings.shape
-    self.mesh = jax.make_mesh((len(devices),), (AXIS,),
-                              (jax.sharding.AxisType.Explicit,),
-                              devices=devices)
+    self.mesh = index_mesh(devices)
     rows_per_shard = -(-self.num_docs // len(devices))
     padded = np.zeros((rows_per_shard * len(devices), self.dim),
                       np.asarray(embeddings).dtype)
@@ -81,22 +105,8 @@ class ExactSearcher:
 
   def _searcher(self, k: int):
     if k not in self._search:
-      num_docs, chunk_size = self.num_docs, self._chunk_size
-
-      def shard_top_k(queries, rows, exclude_ids):
-        first_id = jax.lax.axis_index(AXIS) * rows.shape[0]
-        scores, ids = _top_k_of_rows(queries, rows, first_id, num_docs,
-                                     exclude_ids, min(k, rows.shape[0]),
-                                     chunk_size)
-        # [shards, Q, k] in shard order: lower ids first, for stable ties.
-        scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
-        ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
-        merged, pick = jax.lax.top_k(scores, k)
-        return merged, jnp.take_along_axis(ids, pick, axis=1)
-
-      self._search[k] = jax.jit(jax.shard_map(
-          shard_top_k, mesh=self.mesh, in_specs=(P(), P(AXIS), P()),
-          out_specs=(P(), P()), check_vma=False))
+      self._search[k] = sharded_top_k(self.mesh, self.num_docs, k,
+                                      self._chunk_size)
     return self._search[k]
 
   def search(self, query_embeddings, k: int, exclude_ids=None):

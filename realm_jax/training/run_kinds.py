@@ -40,6 +40,15 @@ def _ones(*shape) -> dict:
   return {k: jnp.ones(shape, jnp.int32) for k in _KEYS}
 
 
+def _abstract(shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _abstract_tokens(*shape) -> dict:
+  """What `token_arrays` gives, as shapes."""
+  return {k: _abstract(shape) for k in _KEYS}
+
+
 def _with_bert(tree, bert):
   """Replaces every 'bert' sub-tree (each tower, the reader) by `bert`."""
   if not isinstance(tree, dict):
@@ -65,9 +74,24 @@ class RunKind:
   shapes: dict
   # params -> bool tree, True where a parameter must not train; None: all do.
   frozen = None
+  # Whether the step may train a batch in slices (Trainer.microbatches): the
+  # loss is a mean over examples, and the mean of the slices' means stands
+  # in for it.
+  microbatching = True
 
   def setup(self, model_dir: str, mesh) -> None:
+    """The model, and what the run reads and writes (data, index)."""
     self.model_dir, self.mesh = model_dir, mesh
+    self.build_model()
+
+  def build_model(self) -> None:
+    """The Flax modules alone (no data): enough to compile the step."""
+    raise NotImplementedError
+
+  def abstract_inputs(self, batch_size: int, block_length: int) -> dict:
+    """Shapes and dtypes of what `prepare` gives for a global batch, for
+    lowering the step ahead of time (`block_length`: the corpus' blocks)."""
+    raise NotImplementedError
 
   def init(self, rng):
     """Boxed (logically partitioned) fresh parameters."""
@@ -94,6 +118,9 @@ class _Retrieving(RunKind):
   """Shared by the kinds that read retrieved blocks (pre-training, Open-QA)."""
   model: Realm
   retrieval: CandidateRetrieval
+
+  def build_model(self):
+    self.model = build_realm()
 
   def _setup_retrieval(self, corpus_name: str, num_candidates: int,
                        null_document_first: bool, exclude_source: bool,
@@ -143,6 +170,8 @@ class Ict(RunKind):
       '' for none).
   """
 
+  microbatching = False  # In-batch negatives: the whole batch is needed.
+
   def __init__(self, corpus_name: str = 'wiki_leads', query_length: int = 64,
                block_length: int = 288, bert_dir: str | None = None):
     self.task = f'ict_{corpus_name}'
@@ -152,9 +181,15 @@ class Ict(RunKind):
                    'block_token_type_ids': (block_length,)}
     self.bert_dir = bert_dir
 
-  def setup(self, model_dir, mesh):
-    super().setup(model_dir, mesh)
+  def build_model(self):
     self.retriever = model_retriever()
+
+  def abstract_inputs(self, batch_size, block_length):
+    del block_length  # ICT reads its own, fixed length.
+    return {'query': _abstract_tokens(batch_size,
+                                      self.shapes['query_token_ids'][0]),
+            'block': _abstract_tokens(batch_size,
+                                      self.shapes['block_token_ids'][0])}
 
   def init(self, rng):
     return {'retriever': self.retriever.init(rng, _ones(1, 8),
@@ -214,10 +249,20 @@ class Pretrain(_Retrieving):
 
   def setup(self, model_dir, mesh):
     super().setup(model_dir, mesh)
-    self.model = build_realm()
     self._setup_retrieval(self.corpus_name, self.num_candidates,
                           self.null_document, self.exclude_source,
                           self.block_length)
+
+  def abstract_inputs(self, batch_size, block_length):
+    masked = (batch_size, self.shapes['mlm_positions'][0])
+    return {'query': _abstract_tokens(batch_size,
+                                      self.shapes['query_token_ids'][0]),
+            'candidates': _abstract_tokens(batch_size, self.num_candidates,
+                                           self.block_length or block_length),
+            'candidate_mask': _abstract((batch_size, self.num_candidates),
+                                        bool),
+            'mlm_positions': _abstract(masked),
+            'mlm_targets': _abstract(masked), 'mlm_mask': _abstract(masked)}
 
   def warm_start(self, params):
     params = _bert_warm_start(params, self.bert_dir,
@@ -290,7 +335,6 @@ class Finetune(_Retrieving):
 
   def setup(self, model_dir, mesh):
     super().setup(model_dir, mesh)
-    self.model = build_realm()
     self._setup_retrieval(self.corpus_name, self.num_candidates,
                           null_document_first=False, exclude_source=False,
                           block_length=self.block_length)
@@ -300,6 +344,19 @@ class Finetune(_Retrieving):
       raise ValueError(
           "Fine-tuning reads the index's document embeddings, which only the "
           "exact searcher keeps: bind IndexClient.searcher = 'exact'.")
+
+  def abstract_inputs(self, batch_size, block_length):
+    k = self.num_candidates
+    answers = (batch_size, *self.shapes['answer_token_ids'])
+    return {'query': _abstract_tokens(batch_size,
+                                      self.shapes['query_token_ids'][0]),
+            'candidates': _abstract_tokens(batch_size, k,
+                                           self.block_length or block_length),
+            'candidate_mask': _abstract((batch_size, k), bool),
+            'candidate_embeddings': _abstract(
+                (batch_size, k, self.model.projection_size), jnp.float32),
+            'answer_token_ids': _abstract(answers),
+            'answer_mask': _abstract(answers)}
 
   def warm_start(self, params):
     if not self.pretrain_model_dir:

@@ -31,13 +31,30 @@ from realm_jax.training.run_kinds import RunKind
 from realm_jax.training.train_state import TrainState
 
 
+@gin.configurable
 class Trainer:
-  """A run kind's parameters, optimizer and jitted step on one mesh."""
+  """A run kind's parameters, optimizer and jitted step on one mesh.
 
-  def __init__(self, run: RunKind, model_dir: str, mesh, num_steps: int,
-               seed: int = 0):
+  With model_dir None the run builds its model alone, without data or an
+  index: enough to `lower` the step ahead of time. `microbatches` > 1 runs
+  the step's forward and backward passes on that many equal slices of the
+  batch in turn and averages their losses and gradients, so only one
+  slice's activations are live at a time (what fits BERT-base at batch 512
+  on 64 chips; docs/scaling.md).
+  """
+
+  def __init__(self, run: RunKind, model_dir: str | None, mesh,
+               num_steps: int, seed: int = 0, microbatches: int = 1):
     self.run, self.mesh = run, mesh
-    run.setup(model_dir, mesh)
+    if microbatches > 1 and not run.microbatching:
+      raise ValueError(f'Trainer.microbatches={microbatches}: '
+                       f'{type(run).__name__} cannot split its batch (its '
+                       'loss needs every example of it).')
+    self.microbatches = microbatches
+    if model_dir is None:
+      run.build_model()
+    else:
+      run.setup(model_dir, mesh)
     self.rng = jax.random.PRNGKey(seed)
     boxed = jax.eval_shape(run.init, self.rng)
     self.param_shardings = partitioning.logical_shardings(boxed, mesh)
@@ -77,9 +94,42 @@ class Trainer:
     return jax.value_and_grad(self.run.loss, has_aux=True)(
         params, inputs, rng, False)
 
+  def gradients(self, params, inputs, rng):
+    """(metrics, gradients) of a global batch: their means over the
+    microbatches, slice m being rows m, m + M, m + 2M, ... (so every device
+    keeps its rows), with dropout key fold_in(rng, m)."""
+    count = self.microbatches
+    if count == 1:
+      (_, metrics), grads = self.loss_and_grads(params, inputs, rng)
+      return metrics, grads
+    batch = jax.tree.leaves(inputs)[0].shape[0]
+    if batch % (count * self.mesh.shape['data']):
+      raise ValueError(f'Trainer.microbatches={count} must divide the batch '
+                       f'of {batch} into slices spread over the '
+                       f'{self.mesh.shape["data"]} data-parallel devices.')
+    sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
+        None, 'data'))
+    slices = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+        jnp.swapaxes(x.reshape(batch // count, count, *x.shape[1:]), 0, 1),
+        sharding), inputs)
+
+    def accumulate(total, slice_and_index):
+      piece, index = slice_and_index
+      (_, metrics), grads = self.loss_and_grads(
+          params, piece, jax.random.fold_in(rng, index))
+      return jax.tree.map(jnp.add, total, (metrics, grads)), None
+
+    (_, metrics), grads = jax.eval_shape(
+        self.loss_and_grads, params, jax.tree.map(lambda x: x[0], slices), rng)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                         (metrics, grads))
+    (metrics, grads), _ = jax.lax.scan(accumulate, zeros,
+                                       (slices, jnp.arange(count)))
+    return jax.tree.map(lambda x: x / count, (metrics, grads))
+
   def _train_step(self, state: TrainState, inputs):
     rng = jax.random.fold_in(state.rng, state.step)
-    (_, metrics), grads = self.loss_and_grads(state.params, inputs, rng)
+    metrics, grads = self.gradients(state.params, inputs, rng)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     metrics = {**metrics, 'learning_rate': self.schedule(state.step),
                'gradient_norm': optax.global_norm(grads)}
@@ -87,19 +137,28 @@ class Trainer:
                          params=optax.apply_updates(state.params, updates),
                          opt_state=opt_state), metrics
 
+  def _jit_step(self, inputs):
+    return jax.jit(
+        self._train_step,
+        in_shardings=(self.state_shardings,
+                      jax.tree.map(lambda _: partitioning.batch_sharding(
+                          self.mesh), inputs)),
+        out_shardings=(self.state_shardings,
+                       partitioning.replicated(self.mesh)),
+        donate_argnums=(0,))
+
   def step(self, state: TrainState, inputs) -> tuple[TrainState, dict]:
     """One update; `inputs` are this process's rows (numpy)."""
     inputs = partitioning.global_batch(inputs, self.mesh)
     if self._step is None:
-      self._step = jax.jit(
-          self._train_step,
-          in_shardings=(self.state_shardings,
-                        jax.tree.map(lambda _: partitioning.batch_sharding(
-                            self.mesh), inputs)),
-          out_shardings=(self.state_shardings,
-                         partitioning.replicated(self.mesh)),
-          donate_argnums=(0,))
+      self._step = self._jit_step(inputs)
     return self._step(state, inputs)
+
+  def lower(self, abstract_inputs: dict):
+    """The step lowered for a global batch of `jax.ShapeDtypeStruct`s (see
+    `RunKind.abstract_inputs`); nothing is allocated."""
+    return self._jit_step(abstract_inputs).lower(self.abstract_state,
+                                                 abstract_inputs)
 
   def evaluate(self, params, step: int, batch_size: int, num_batches: int,
                seed: int = 0) -> dict:

@@ -1,0 +1,212 @@
+"""Local launcher: the trainer and the index builder as two processes on one
+machine, sharing one model_dir (the pod layout, shrunk to one host).
+
+  python -m launch.local --model_dir=runs/pretrain \\
+      --gin_file=gin/runs/pretrain.gin --gin_file=gin/setups/cpu_demo.gin \\
+      --gin.train.num_steps=100
+
+The builder's log is model_dir/refresh.log; the trainer prints to this
+console (or, with --train_log, to model_dir/train.log); a gs:// model_dir
+keeps them in runs/logs. The builder exits by
+itself once the trainer has marked training done and the last step is
+published; this waits for both, stops the other job when one fails, and
+both on Ctrl-C.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+TRAIN_LOG, REFRESH_LOG = 'train.log', 'refresh.log'
+# Lines of a failed job's log quoted in the error.
+TAIL_LINES = 10
+
+
+class JobFailed(RuntimeError):
+  """A job exited badly or hung; the message points at its log."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One process: its name in messages, its argv, and its log file (None:
+  this process's console)."""
+  name: str
+  argv: tuple[str, ...]
+  log: str | None = None
+
+
+def realm_jax_argv(command: str, model_dir: str, args=()) -> tuple[str, ...]:
+  """`realm-jax COMMAND --model_dir=DIR ARGS` with this Python, so the jobs
+  run in the caller's environment."""
+  return (sys.executable, '-m', 'realm_jax.main', command,
+          f'--model_dir={model_dir}', *args)
+
+
+def log_dir(model_dir: str) -> str:
+  """Where the logs go: model_dir, or runs/logs when it is remote (gs://);
+  a process writes its output to a local file."""
+  return model_dir if '://' not in model_dir else os.path.join('runs', 'logs')
+
+
+def jobs(model_dir: str, train_args, refresh_args,
+         train_log: bool = False) -> tuple[Job, Job]:
+  """The trainer and the index builder on `model_dir`; each gets its own
+  gin files and flags."""
+  logs = log_dir(model_dir)
+  return (Job('trainer', realm_jax_argv('train', model_dir, train_args),
+              os.path.join(logs, TRAIN_LOG) if train_log else None),
+          Job('index builder', realm_jax_argv('refresh', model_dir,
+                                              refresh_args),
+              os.path.join(logs, REFRESH_LOG)))
+
+
+def _start(job: Job, files: contextlib.ExitStack) -> subprocess.Popen:
+  output = None
+  if job.log is not None:
+    output = files.enter_context(open(job.log, 'a', encoding='utf-8'))
+    output.write(f'$ {shlex.join(job.argv)}\n')
+    output.flush()
+  # Unbuffered, so the log shows each line as it is printed.
+  process = subprocess.Popen(job.argv, stdout=output,
+                             stderr=subprocess.STDOUT if output else None,
+                             env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+  print(f'{job.name}: pid {process.pid}, log {job.log or "this console"}',
+        flush=True)
+  return process
+
+
+def _stop(process: subprocess.Popen, grace_seconds: float = 10) -> None:
+  if process.poll() is None:
+    process.terminate()
+    try:
+      process.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
+
+
+def _failed(job: Job, code: int) -> JobFailed:
+  why = (f'killed by signal {-code}' if code < 0 else f'exit code {code}')
+  if job.log is None:
+    return JobFailed(f'{job.name} failed ({why}); its output is above')
+  with open(job.log, encoding='utf-8', errors='replace') as f:
+    tail = ''.join(f.readlines()[-TAIL_LINES:])
+  return JobFailed(f'{job.name} failed ({why}); see {job.log}, which ends:\n'
+                   f'{tail}')
+
+
+def run_beside(main: Job, beside: Job, beside_timeout: float,
+               poll_seconds: float = 0.5) -> None:
+  """Runs `beside` for as long as `main` runs, then gives it `beside_timeout`
+  seconds to exit by itself (the builder publishes the last step first).
+
+  Raises JobFailed when either fails or `beside` does not exit in time; both
+  are stopped on the way out, Ctrl-C included. `beside` may finish before
+  `main` does, but not fail.
+  """
+  with contextlib.ExitStack() as files:
+    processes = []
+    try:
+      helper = _start(beside, files)
+      processes.append(helper)
+      primary = _start(main, files)
+      processes.append(primary)
+      while (code := primary.poll()) is None:
+        if helper.poll():
+          raise _failed(beside, helper.returncode)
+        time.sleep(poll_seconds)
+      if code:
+        raise _failed(main, code)
+      try:
+        code = helper.wait(beside_timeout)
+      except subprocess.TimeoutExpired:
+        raise JobFailed(
+            f'{beside.name} did not exit within {beside_timeout:.0f}s of '
+            f'{main.name} finishing; see {beside.log or "its output"}'
+        ) from None
+      if code:
+        raise _failed(beside, code)
+    finally:
+      for process in processes:
+        _stop(process)
+
+
+def run(model_dir: str, train_args, refresh_args, *, train_log: bool = False,
+        refresh_timeout: float = 600) -> None:
+  """`realm-jax train` and `realm-jax refresh` on `model_dir`, side by side,
+  until both are done; `train_args` / `refresh_args` follow --model_dir.
+
+  Raises JobFailed naming the job that failed and its log.
+  """
+  os.makedirs(log_dir(model_dir), exist_ok=True)
+  trainer, builder = jobs(model_dir, train_args, refresh_args, train_log)
+  run_beside(trainer, builder, refresh_timeout)
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog='python -m launch.local', description=__doc__.split('\n\n')[0],
+      allow_abbrev=False,
+      epilog='Single gin bindings also as --gin.train.num_steps=10; they go '
+      'to both jobs unless --refresh_gin_file is given.')
+  parser.add_argument('--model_dir', required=True)
+  parser.add_argument('--gin_file', action='append', required=True,
+                      help='Gin files of both jobs (repeatable; see '
+                      '--refresh_gin_file).')
+  parser.add_argument('--gin_bindings', action='append', default=[],
+                      help='e.g. "train.num_steps = 10" (repeatable).')
+  parser.add_argument('--refresh_gin_file', action='append', default=None,
+                      help='The builder\'s gin files (default: the '
+                      'trainer\'s files and bindings, so the towers and the '
+                      'block length agree).')
+  parser.add_argument('--searcher', choices=('exact', 'scann'),
+                      default='exact')
+  parser.add_argument('--poll_seconds', type=float, default=2.0,
+                      help='How often the builder looks for a new checkpoint.')
+  parser.add_argument('--refresh_timeout', type=float, default=600,
+                      help='Seconds the builder gets, after training ends, '
+                      'to publish the last step and exit.')
+  parser.add_argument('--train_log', action='store_true',
+                      help=f'The trainer\'s output to model_dir/{TRAIN_LOG} '
+                      'instead of this console.')
+  return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  """The flags, plus `train_args` and `refresh_args`: what follows
+  --model_dir on each job's command line."""
+  parser = _parser()
+  args, extra = parser.parse_known_args(argv)
+  unknown = [arg for arg in extra if not arg.startswith('--gin.')]
+  if unknown:
+    parser.error(f'unrecognized arguments: {" ".join(unknown)}')
+  args.train_args = [
+      *(f'--gin_file={path}' for path in args.gin_file),
+      *(f'--gin_bindings={binding}' for binding in args.gin_bindings), *extra]
+  refresh_gin = ([f'--gin_file={path}' for path in args.refresh_gin_file]
+                 if args.refresh_gin_file else args.train_args)
+  args.refresh_args = [*refresh_gin, f'--searcher={args.searcher}',
+                       f'--poll_seconds={args.poll_seconds:g}']
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  try:
+    run(args.model_dir, args.train_args, args.refresh_args,
+        train_log=args.train_log, refresh_timeout=args.refresh_timeout)
+  except JobFailed as error:
+    print(f'error: {error}', file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    return 130
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
