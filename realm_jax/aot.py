@@ -51,16 +51,18 @@ class Program:
 
 
 def _analyse(name: str, devices: int, shape: str, lowered,
-             flops: float | None = None) -> Program:
-  """Compiles `lowered`; `flops` replaces XLA's count where a loop runs
-  (XLA counts a while loop's body once)."""
+             flops: float | None = None, loop_trips: int = 1) -> Program:
+  """Compiles `lowered`. XLA counts a loop's body once: `loop_trips`
+  scales its count (microbatches; the optimizer update, a few FLOPs per
+  parameter, is then counted that many times too), or `flops` replaces
+  it."""
   compiled = lowered.compile()
   memory = compiled.memory_analysis()
   if flops is None:
     cost = compiled.cost_analysis()
     if isinstance(cost, list):  # Older JAX: one dict per program.
       cost = cost[0]
-    flops = float(cost.get('flops', 0.0))
+    flops = float(cost.get('flops', 0.0)) * loop_trips
   return Program(name, devices, shape, memory.argument_size_in_bytes,
                  memory.output_size_in_bytes, memory.temp_size_in_bytes,
                  memory.alias_size_in_bytes, flops)
@@ -102,8 +104,9 @@ def compile_and_fit(mesh_devices: int, builder_devices: int = 16,
   trainer = Trainer(run, None, mesh, gin.query_parameter('train.num_steps'))
   train_step = _analyse(
       f'train step ({type(run).__name__})', mesh_devices,
-      f'batch {batch_size}', trainer.lower(run.abstract_inputs(batch_size,
-                                                               block_length)))
+      f'batch {batch_size} in {trainer.microbatches} microbatch(es)',
+      trainer.lower(run.abstract_inputs(batch_size, block_length)),
+      loop_trips=trainer.microbatches)
 
   embedder_retriever = model_retriever()
   embedder = DocumentEmbedder(embedder_retriever, embed_batch_size,

@@ -107,7 +107,7 @@ def test_command_fakes_the_mesh_writes_json_and_fails_what_does_not_fit(
       env={**os.environ, 'XLA_FLAGS': ''}, check=False)
   assert process.returncode != 0, process.stdout
   assert 'Does not fit in 0.01 GiB per device: train step' in process.stderr
-  assert '| train step (Pretrain) | 8 | batch 8 |' in process.stdout
+  assert '| train step (Pretrain) | 8 | batch 8 in 1 microbatch(es) |' in process.stdout
   report = json.loads(output.read_text())
   assert [p['devices'] for p in report['programs']] == [8, 4, 4]
 
@@ -132,10 +132,3 @@ def test_microbatches_average_the_slices_losses_and_gradients(tmp_path):
     np.testing.assert_allclose(got, (parts[0] + parts[1]) / 2, rtol=1e-4,
                                atol=1e-6)
 
-
-def test_ict_refuses_microbatches(tmp_path):
-  _bind_tiny()
-  with pytest.raises(ValueError, match='in-batch|cannot split'):
-    Trainer(run_kinds.Ict(bert_dir=''), str(tmp_path),
-            partitioning.make_mesh(devices=jax.devices()[:1]), 10,
-            microbatches=2)

@@ -13,7 +13,8 @@ known, the aux values and scores, and that the host search finds the
 device search's top k. It checks the method signatures against t5x's
 `BaseModel` (written out in the test from t5x/models.py); `loss_fn`, its
 metrics and gradients against the Finetune run kind's on the same batch
-(deterministic; with a dropout rng only that dropout is on);
+without dropout (with a dropout rng only that dropout is on: blocks tied in
+score up to rounding may come in another order, which moves the masks);
 `score_batch` against log sum_z p(z|x) p(y|z,x) computed independently;
 `get_initial_variables` (params and params_axes) against the checkpoint's
 tree; and the vocabularies t5x's `verify_matching_vocabs` compares. Not
@@ -150,15 +151,14 @@ def _query(token_ids) -> dict:
 
 def _params_axes(boxed) -> dict:
   """t5x's 'params_axes' collection: each parameter's logical axis names
-  (see `training.partitioning`) as `<name>_axes` AxisMetadata."""
+  (every parameter has them, see `training.partitioning`) as `<name>_axes`
+  AxisMetadata."""
   axes = {}
   for name, value in boxed.items():
     if isinstance(value, dict):
       axes[name] = _params_axes(value)
     else:
-      names = (value.names if isinstance(value, nn.Partitioned)
-               else (None,) * np.ndim(value))
-      axes[f'{name}_axes'] = flax_partitioning.AxisMetadata(names=names)
+      axes[f'{name}_axes'] = flax_partitioning.AxisMetadata(names=value.names)
   return axes
 
 
@@ -170,8 +170,8 @@ class RealmQAModel:
   [B, T] for `score_batch`.
 
   Attributes:
-    params: the run's parameters at the restored checkpoint (t5x's
-      checkpoints cannot hold them; pass these as its params).
+    params: the run's parameters at the restored checkpoint (t5x does not
+      read realm-jax's Orbax checkpoints: pass these as its params).
     run: the Finetune run kind, set up with the run's gin config and index.
     predictor: the `QAPredictor` it was restored with (host-side answers in
       the block's own words, for comparison).
@@ -264,9 +264,11 @@ class RealmQAModel:
                   for name, value in metrics.items()}
 
   def eval_fn(self, params, batch):
+    """t5x's held-out loss: `loss_fn` without dropout."""
     return self.loss_fn(params, batch, dropout_rng=None)
 
   def predict_batch(self, params, batch, rng=None):
+    """The answers alone (what t5x's predict_fn hands seqio to decode)."""
     return self.predict_batch_with_aux(params, batch, rng=rng)[0]
 
   def predict_batch_with_aux(self, params, batch, rng=None):

@@ -74,10 +74,10 @@ class RunKind:
   shapes: dict
   # params -> bool tree, True where a parameter must not train; None: all do.
   frozen = None
-  # Whether the step may train a batch in slices (Trainer.microbatches): the
-  # loss is a mean over examples, and the mean of the slices' means stands
-  # in for it.
-  microbatching = True
+  # Slices the step trains a batch in, one at a time (see Trainer): for the
+  # kinds whose loss is a mean over examples, where the mean of the slices'
+  # means stands in for it. ICT's in-batch negatives need the whole batch.
+  microbatches = 1
 
   def setup(self, model_dir: str, mesh) -> None:
     """The model, and what the run reads and writes (data, index)."""
@@ -170,8 +170,6 @@ class Ict(RunKind):
       '' for none).
   """
 
-  microbatching = False  # In-batch negatives: the whole batch is needed.
-
   def __init__(self, corpus_name: str = 'wiki_leads', query_length: int = 64,
                block_length: int = 288, bert_dir: str | None = None):
     self.task = f'ict_{corpus_name}'
@@ -227,6 +225,7 @@ class Pretrain(_Retrieving):
     ict_model_dir: warm-start the retriever from an ICT run's last checkpoint.
     bert_dir: BERT weights for the encoder (and the towers without ICT);
       default the embedded MiniLM, '' for none.
+    microbatches: slices of the batch trained one at a time (memory).
   """
 
   def __init__(self, corpus_name: str = 'wiki_leads', masking: str = 'salient',
@@ -235,8 +234,9 @@ class Pretrain(_Retrieving):
                marginalize: losses.Marginalization = 'per_token',
                query_length: int = 96, max_masked: int = 20,
                block_length: int | None = None,
-               ict_model_dir: str | None = None, bert_dir: str | None = None):
-    self.corpus_name = corpus_name
+               ict_model_dir: str | None = None, bert_dir: str | None = None,
+               microbatches: int = 1):
+    self.corpus_name, self.microbatches = corpus_name, microbatches
     self.task = f'realm_pretrain_{corpus_name}_{masking}'
     self.eval_split = 'validation'
     self.shapes = {'query_token_ids': (query_length,),
@@ -317,6 +317,7 @@ class Finetune(_Retrieving):
     block_length: wordpieces read of each candidate block (None: all).
     pretrain_model_dir: warm start from a pre-training run's last checkpoint
       (retriever and reader); without it, BERT weights.
+    microbatches: slices of the batch trained one at a time (memory).
   """
 
   def __init__(self, benchmark: str = 'nq_open', corpus_name: str = 'wiki_leads',
@@ -324,8 +325,9 @@ class Finetune(_Retrieving):
                max_answers: int = 8, max_answer_length: int = 16,
                block_length: int | None = None,
                pretrain_model_dir: str | None = None,
-               bert_dir: str | None = None):
+               bert_dir: str | None = None, microbatches: int = 1):
     self.task, self.corpus_name = benchmark, corpus_name
+    self.microbatches = microbatches
     self.eval_split = 'test'
     self.shapes = {'query_token_ids': (query_length,),
                    'answer_token_ids': (max_answers, max_answer_length)}

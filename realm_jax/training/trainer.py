@@ -31,26 +31,21 @@ from realm_jax.training.run_kinds import RunKind
 from realm_jax.training.train_state import TrainState
 
 
-@gin.configurable
 class Trainer:
   """A run kind's parameters, optimizer and jitted step on one mesh.
 
   With model_dir None the run builds its model alone, without data or an
-  index: enough to `lower` the step ahead of time. `microbatches` > 1 runs
-  the step's forward and backward passes on that many equal slices of the
-  batch in turn and averages their losses and gradients, so only one
-  slice's activations are live at a time (what fits BERT-base at batch 512
-  on 64 chips; docs/scaling.md).
+  index: enough to `lower` the step ahead of time. With the run's
+  `microbatches` > 1 the step runs the forward and backward passes on that
+  many equal slices of the batch in turn and averages their losses and
+  gradients, so only one slice's activations are live at a time (what fits
+  BERT-base at batch 512 on 64 chips; docs/scaling.md).
   """
 
   def __init__(self, run: RunKind, model_dir: str | None, mesh,
-               num_steps: int, seed: int = 0, microbatches: int = 1):
+               num_steps: int, seed: int = 0):
     self.run, self.mesh = run, mesh
-    if microbatches > 1 and not run.microbatching:
-      raise ValueError(f'Trainer.microbatches={microbatches}: '
-                       f'{type(run).__name__} cannot split its batch (its '
-                       'loss needs every example of it).')
-    self.microbatches = microbatches
+    self.microbatches = run.microbatches
     if model_dir is None:
       run.build_model()
     else:
@@ -104,7 +99,7 @@ class Trainer:
       return metrics, grads
     batch = jax.tree.leaves(inputs)[0].shape[0]
     if batch % (count * self.mesh.shape['data']):
-      raise ValueError(f'Trainer.microbatches={count} must divide the batch '
+      raise ValueError(f'microbatches={count} must divide the batch '
                        f'of {batch} into slices spread over the '
                        f'{self.mesh.shape["data"]} data-parallel devices.')
     sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
