@@ -27,13 +27,22 @@ def annotated_blocks(corpus: str, split: str, shuffle_files: bool = False,
 
 
 def mask_preprocessor(name: str):
+  """Masking `name`, its queries as long as sequence_length's
+  'query_token_ids' (default 96): a query cut afterwards would lose
+  masked positions."""
   function = masking.MASKING_FUNCTIONS[name]
 
-  @seqio.map_over_dataset(num_seeds=1)
-  def mask(features, seed):
-    return function(features, seed, common.vocabulary().tokenizer)
+  def preprocess(dataset, sequence_length=None):
+    length = (sequence_length or {}).get('query_token_ids',
+                                         salient_spans.MAX_QUERY_LENGTH)
 
-  return mask
+    @seqio.map_over_dataset(num_seeds=1)
+    def mask(features, seed):
+      return function(features, seed, common.vocabulary().tokenizer, length)
+
+    return mask(dataset)
+
+  return preprocess
 
 
 OUTPUT_FEATURES = {

@@ -107,7 +107,8 @@ def test_command_fakes_the_mesh_writes_json_and_fails_what_does_not_fit(
       env={**os.environ, 'XLA_FLAGS': ''}, check=False)
   assert process.returncode != 0, process.stdout
   assert 'Does not fit in 0.01 GiB per device: train step' in process.stderr
-  assert '| train step (Pretrain) | 8 | batch 8 in 1 microbatch(es) |' in process.stdout
+  assert ('| train step (Pretrain) | 8 | batch 8 in 1 microbatch(es) |'
+          in process.stdout)
   report = json.loads(output.read_text())
   assert [p['devices'] for p in report['programs']] == [8, 4, 4]
 

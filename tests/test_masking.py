@@ -42,6 +42,28 @@ def test_salient_mask_covers_exactly_the_span(annotated, tokenizer):
     assert int(out['block_id']) == int(block['block_id'])
 
 
+@pytest.mark.parametrize('length', [96, 24, 8])
+def test_a_short_query_keeps_its_masked_span(annotated, tokenizer, length):
+  """A query shorter than the annotation's 96 drops words before the span,
+  never the span: every position stays inside the query, on a [MASK]."""
+  moved = 0
+  for i, block in enumerate(annotated):
+    long = masking.salient_span_mask(block, _seed(i), tokenizer)
+    out = masking.salient_span_mask(block, _seed(i), tokenizer, length)
+    query, positions = (out['query_token_ids'].numpy(),
+                        out['mlm_positions'].numpy())
+    assert len(query) <= length and query[-1] == tokenizer.sep_id
+    assert len(positions) and np.all(positions < len(query) - 1)
+    assert np.all(query[positions] == tokenizer.mask_id)
+    # The same span, all of it when it fits.
+    targets = out['mlm_targets'].numpy()
+    full = long['mlm_targets'].numpy()
+    np.testing.assert_array_equal(targets, full[:length - 2])
+    moved += int(long['mlm_positions'].numpy()[-1] >= length - 1)
+  if length == 24:
+    assert moved  # Some spans lay past 24 wordpieces and were kept.
+
+
 def _sentence_tokens(block, tokenizer):
   body = block['body'].numpy()
   return [tokenizer.tokenize([body[s:e]])[0].numpy().tolist()[:94]
@@ -77,3 +99,18 @@ def test_masks_are_deterministic_for_a_seed(annotated, tokenizer):
     b = function(annotated[0], _seed(7), tokenizer)
     for key in a:
       np.testing.assert_array_equal(a[key], b[key], err_msg=name)
+
+
+@pytest.mark.usefixtures('small_corpus_gin')
+def test_the_pipeline_masks_queries_of_the_run_length(tokenizer):
+  from realm_jax.training import input_pipeline  # pylint: disable=g-import-not-at-top
+  shapes = {'query_token_ids': (16,), 'mlm_positions': (8,),
+            'mlm_targets': (8,)}
+  for batch in input_pipeline.batches('realm_pretrain_wiki_leads_salient',
+                                      'train', shapes, 8, num_epochs=1):
+    masked = batch['mlm_targets'] != 0
+    assert np.all(batch['mlm_positions'][masked] < 15)
+    rows = np.arange(8)[:, None].repeat(8, 1)[masked]
+    assert np.all(batch['query_token_ids'][rows,
+                                           batch['mlm_positions'][masked]]
+                  == tokenizer.mask_id)

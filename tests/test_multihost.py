@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from realm_jax.training import input_pipeline
-from tests.test_trainer import REPO, TINY
+from tests.test_trainer import REPO, RETRIEVAL, TINY
 
 pytestmark = pytest.mark.usefixtures('small_corpus_gin')
 
@@ -54,14 +54,17 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(model_dir, devices: int, processes: int, steps: int):
+RUNS = {'ict': ["--gin.Ict.bert_dir=''", '--gin.Ict.block_length=64'],
+        'pretrain': RETRIEVAL}
+
+
+def _launch(model_dir, run: str, devices: int, processes: int, steps: int):
   """`realm-jax train` as `processes` processes of `devices` CPU devices."""
   port = _free_port()
   argv = [sys.executable, '-m', 'realm_jax.main', 'train',
-          f'--model_dir={model_dir}', '--gin_file=gin/runs/ict.gin', *TINY,
+          f'--model_dir={model_dir}', f'--gin_file=gin/runs/{run}.gin', *TINY,
           f'--gin.train.num_steps={steps}', '--gin.train.log_every=1',
-          '--gin.train.data_shards=2', "--gin.Ict.bert_dir=''",
-          '--gin.Ict.block_length=64']
+          '--gin.train.data_shards=2', *RUNS[run]]
   jobs = []
   for process in range(processes):
     env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
@@ -70,7 +73,7 @@ def _launch(model_dir, devices: int, processes: int, steps: int):
       env.update(JAX_COORDINATOR_ADDRESS=f'localhost:{port}',
                  JAX_NUM_PROCESSES=str(processes),
                  JAX_PROCESS_ID=str(process))
-    log = open(os.path.join(str(model_dir) + f'.{process}.log'), 'w')  # pylint: disable=consider-using-with
+    log = open(f'{model_dir}.{process}.log', 'w')  # pylint: disable=consider-using-with
     jobs.append((subprocess.Popen(argv, cwd=REPO, env=env, stdout=log,
                                   stderr=subprocess.STDOUT), log))
   for job, log in jobs:
@@ -88,10 +91,13 @@ def _losses(model_dir):
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path):
+@pytest.mark.parametrize('run', ['ict', 'pretrain'])
+def test_two_processes_train_like_one(tmp_path, run):
+  """Pre-training also embeds the corpus for its first index and retrieves
+  on each host for its own rows."""
   one, two = tmp_path / 'one', tmp_path / 'two'
-  _launch(one, devices=4, processes=1, steps=3)
-  _launch(two, devices=2, processes=2, steps=3)
+  _launch(one, run, devices=4, processes=1, steps=3)
+  _launch(two, run, devices=2, processes=2, steps=3)
   steps_one, losses_one = _losses(one)
   steps_two, losses_two = _losses(two)
   # Process 0 alone writes metrics: one row per step, not two.

@@ -48,7 +48,10 @@ def _query(tokenizer: WordPieceTokenizer, tokens, positions, targets,
 
 def salient_span_mask(features, seed, tokenizer: WordPieceTokenizer,
                       max_query_length: int = 96) -> dict:
-  """The paper's masking; the annotation guarantees the span fits the query."""
+  """The paper's masking. The annotation guarantees the span fits a query of
+  its `max_query_length` (96); a shorter query drops words before the span
+  so that the span stays in it (and a span longer than the whole query is
+  masked only as far as the query reaches)."""
   count = tf.size(features['span_starts'], out_type=tf.int32)
   index = tf.random.stateless_uniform([], seed, maxval=count, dtype=tf.int32)
   sentence = features['span_sentences'][index]
@@ -59,9 +62,13 @@ def salient_span_mask(features, seed, tokenizer: WordPieceTokenizer,
       _substr(body, start, end),
       _substr(body, end, features['sentence_ends'][sentence])]))
   before, span, after = pieces[0], pieces[1], pieces[2]
+  keep = max_query_length - 2  # Wordpieces between [CLS] and [SEP].
+  span = span[:keep]
   span_length = tf.size(span, out_type=tf.int64)
+  before = before[tf.maximum(tf.size(before, out_type=tf.int64) + span_length
+                             - keep, 0):]
   masks = tf.fill([span_length], tf.constant(tokenizer.mask_id, tf.int64))
-  tokens = tf.concat([before, masks, after], 0)[:max_query_length - 2]
+  tokens = tf.concat([before, masks, after], 0)[:keep]
   positions = tf.size(before, out_type=tf.int64) + tf.range(span_length)
   return _query(tokenizer, tokens, positions, span, features)
 

@@ -11,6 +11,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from realm_jax.data import corpus
@@ -43,21 +44,30 @@ def _per_process(num_blocks: int) -> int:
   return -(-num_blocks // jax.process_count())
 
 
+def _local_range(num_blocks: int) -> tuple[int, int]:
+  """This process's contiguous share of the blocks (all of them on one host)."""
+  start = min(num_blocks, jax.process_index() * _per_process(num_blocks))
+  return start, min(num_blocks, start + _per_process(num_blocks))
+
+
 def local_block_arrays(corpus_dir: str, max_length: int | None = None
                        ) -> dict[str, np.ndarray]:
-  """This process's contiguous share of the blocks (all of them on one host)."""
-  num_blocks = corpus.load_metadata(corpus_dir)['num_blocks']
-  start = min(num_blocks, jax.process_index() * _per_process(num_blocks))
-  return block_arrays(corpus_dir, start,
-                      min(num_blocks, start + _per_process(num_blocks)),
-                      max_length)
+  """This process's share of the blocks, read from the corpus."""
+  return block_arrays(corpus_dir,
+                      *_local_range(corpus.load_metadata(corpus_dir)[
+                          'num_blocks']), max_length)
+
+
+def local_share(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's share of arrays that hold every block."""
+  start, stop = _local_range(len(arrays['token_ids']))
+  return {name: value[start:stop] for name, value in arrays.items()}
 
 
 def gather_embeddings(local: np.ndarray, num_blocks: int) -> np.ndarray:
   """Every process's share, in block order, on every process."""
   if jax.process_count() == 1:
     return local
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   padded = np.zeros((_per_process(num_blocks), local.shape[1]), local.dtype)
   padded[:len(local)] = local
   return np.asarray(multihost_utils.process_allgather(padded, tiled=True)
@@ -96,6 +106,12 @@ class DocumentEmbedder:
   def __call__(self, params, arrays: dict[str, np.ndarray],
                progress: Progress | None = None) -> np.ndarray:
     """[n, D] float32 embeddings of the blocks in `arrays`."""
+    # A multi-host trainer's parameters span every process's devices; each
+    # process embeds with its own full copy on its local devices.
+    params = jax.tree.map(
+        lambda x: multihost_utils.process_allgather(x, tiled=True)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable else x,
+        params)
     params = jax.device_put(params, self._replicated)
     return embed_in_length_buckets(
         lambda batch: self._embed(params, jax.device_put(batch,

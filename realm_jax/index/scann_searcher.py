@@ -71,10 +71,10 @@ class ScannSearcher:
     with tempfile.TemporaryDirectory() as local:
       for file in source.iterdir():
         (pathlib.Path(local) / file.name).write_bytes(file.read_bytes())
-      assets = re.sub(
-          r'asset_path: "([^"]*)"',
-          lambda m: f'asset_path: "{os.path.join(local, os.path.basename(m.group(1)))}"',
-          (source / 'scann_assets.pbtxt').read_text())
+      moved = lambda m: os.path.join(local, os.path.basename(m.group(1)))
+      assets = re.sub(r'asset_path: "([^"]*)"',
+                      lambda m: f'asset_path: "{moved(m)}"',
+                      (source / 'scann_assets.pbtxt').read_text())
       numpy_searcher = scann_ops_pybind.scann_pybind.ScannNumpy(local, assets)
     return cls(scann_ops_pybind.ScannSearcher(numpy_searcher), num_docs)
 

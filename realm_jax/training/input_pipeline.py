@@ -73,7 +73,10 @@ def _shard_batches(task, split, shapes, rows, seed, shuffle, num_epochs,
                    shard_info) -> tf.data.Dataset:
   """Batches of `rows` examples from one shard of the task."""
   dataset = seqio.get_mixture_or_task(task).get_dataset(
-      sequence_length=None, split=split, shuffle=shuffle, seed=seed,
+      # The lengths preprocessors build to (e.g. masked-LM queries).
+      sequence_length={name: shape[0] for name, shape in shapes.items()
+                       if len(shape) == 1},
+      split=split, shuffle=shuffle, seed=seed,
       num_epochs=num_epochs, use_cached=False, trim_output_features=False,
       shard_info=shard_info)
   missing = set(shapes) - set(dataset.element_spec)

@@ -19,7 +19,8 @@ class JsonlWriter(metric_writers.LoggingWriter):
   def __init__(self, path: str):
     super().__init__()
     self.path = path
-    self._open = contextlib.ExitStack()  # Open until close(), on any filesystem.
+    # Open until close(), on any filesystem epath reaches.
+    self._open = contextlib.ExitStack()
     self._file = self._open.enter_context(epath.Path(path).open('a'))
 
   def write_scalars(self, step, scalars):

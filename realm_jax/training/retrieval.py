@@ -19,7 +19,7 @@ from etils import epath
 from realm_jax.data import corpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
-from realm_jax.index.embed import DocumentEmbedder, block_arrays
+from realm_jax.index.embed import DocumentEmbedder, block_arrays, local_share
 from realm_jax.index.refresh import embed_and_publish
 from realm_jax.models.candidates import (NULL_DOCUMENT_ID, gather_blocks,
                                          null_document, select_candidates)
@@ -59,8 +59,8 @@ class CandidateRetrieval:
     try:
       embed_and_publish(
           publication.index_manager(publication.index_dir(self.model_dir)),
-          step, DocumentEmbedder(retriever), retriever_params, self.blocks,
-          self.corpus_metadata)
+          step, DocumentEmbedder(retriever), retriever_params,
+          local_share(self.blocks), self.corpus_metadata)
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass  # An index builder beside us published the same step first.
 

@@ -277,6 +277,11 @@ class Pretrain(_Retrieving):
 
   def prepare(self, examples, params, step):
     query = token_arrays(examples['query_token_ids'])
+    length = query['token_ids'].shape[1]
+    if np.any(examples['mlm_positions'] >= length):
+      raise ValueError(f'A masked position lies past the {length}-wordpiece '
+                       f'query (Pretrain.query_length) in {self.task}: its '
+                       'masking made longer queries.')
     blocks, mask, _ = self.retrieval.candidates(
         self.query_embeddings(params, query), examples['block_id'], step)
     targets = np.asarray(examples['mlm_targets'], np.int32)

@@ -220,6 +220,9 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   if latest is None:
     state = trainer.initial_state()
     checkpoints.save(state, 0, {**position, 'batches': 0}, force=True)
+    # Done before the run publishes its first index: two Orbax managers'
+    # cross-process barriers must not interleave.
+    checkpoints.wait()
   else:
     state, saved = checkpoints.restore(latest, trainer.abstract_state)
     _check_position(saved, position, checkpoints.directory, latest)
