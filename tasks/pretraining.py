@@ -5,6 +5,7 @@ import os
 
 import seqio
 import tensorflow as tf
+from etils import epath
 
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import masking
@@ -18,7 +19,7 @@ def annotated_blocks(corpus: str, split: str, shuffle_files: bool = False,
   directory = corpus_lib.corpus_dir(corpus)
   path = os.path.join(directory, salient_spans.ANNOTATED_DIR,
                       f'{split}.tfrecord')
-  if not os.path.exists(path):
+  if not epath.Path(path).exists():
     raise FileNotFoundError(
         f'No annotated corpus at {path}: run `realm-jax data build-corpus` '
         f'and `realm-jax data annotate --corpus_dir={directory}`.')

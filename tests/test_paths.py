@@ -18,8 +18,9 @@ from realm_jax.models import pretrained
 from realm_jax.training.curves import plot_curves, read_metrics
 from realm_jax.training.metric_writer import JsonlWriter
 
-PACKAGE = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'realm_jax')
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The library and the seqio tasks: what reads and writes data.
+PACKAGES = [os.path.join(REPO, name) for name in ('realm_jax', 'tasks')]
 
 
 @pytest.fixture
@@ -93,16 +94,17 @@ def _calls(tree):
         yield node.lineno, name
 
 
-def test_no_local_only_file_calls_in_the_package():
+def test_no_local_only_file_calls_in_the_library_and_tasks():
   found = []
-  for root, _, files in os.walk(PACKAGE):
-    for name in files:
-      if name.endswith('.py') and name not in ALLOWED:
-        path = os.path.join(root, name)
-        with open(path, encoding='utf-8') as f:
-          tree = ast.parse(f.read())
-        found += [f'{os.path.relpath(path, PACKAGE)}:{line}: {call}'
-                  for line, call in _calls(tree)]
+  for package in PACKAGES:
+    for root, _, files in os.walk(package):
+      for name in files:
+        if name.endswith('.py') and name not in ALLOWED:
+          path = os.path.join(root, name)
+          with open(path, encoding='utf-8') as f:
+            tree = ast.parse(f.read())
+          found += [f'{os.path.relpath(path, REPO)}:{line}: {call}'
+                    for line, call in _calls(tree)]
   assert not found, 'use etils.epath instead:\n' + '\n'.join(found)
 
 
