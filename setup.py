@@ -30,10 +30,11 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     python_requires='>=3.11,<3.12',
     packages=setuptools.find_packages(include=['realm_jax', 'realm_jax.*',
+                                               'benchmarks',
                                                'tasks', 'tasks.*',
                                                'launch', 'launch.*']),
     install_requires=INSTALL_REQUIRES,
-    extras_require={'test': ['pytest>=8']},
+    extras_require={'test': ['pytest>=8'], 'bench': ['faiss-cpu>=1.8']},
     entry_points={'console_scripts': ['realm-jax=realm_jax.main:main']},
     license='Apache-2.0',
 )

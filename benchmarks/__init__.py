@@ -1,0 +1,1 @@
+"""realm-jax benchmarks: `python -m benchmarks.run [--quick] [--only NAME]`."""
