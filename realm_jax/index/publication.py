@@ -15,6 +15,7 @@ complete, so a reader never sees a partial index or checkpoint.
 import dataclasses
 import os
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -85,7 +86,9 @@ def trainer_checkpoints(model_dir: str) -> ocp.CheckpointManager:
   """Read-only view of the trainer's checkpoints (`reload()` to see new ones)."""
   return ocp.CheckpointManager(
       checkpoints_dir(model_dir),
-      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+      options=ocp.CheckpointManagerOptions(
+          read_only=True, create=False,
+          multiprocessing_options=every_process()))
 
 
 def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
@@ -94,15 +97,30 @@ def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
       RETRIEVER_ITEM: ocp.args.StandardRestore()}))[RETRIEVER_ITEM]
 
 
+def every_process() -> ocp.options.MultiprocessingOptions:
+  """All processes, named: Orbax then syncs them through the distributed
+  runtime's keyed barriers rather than device collectives, which its
+  background save threads and the main thread would interleave. (Orbax
+  then leaves creating the directory to us: see `writable`.)"""
+  return ocp.options.MultiprocessingOptions(
+      active_processes=set(range(jax.process_count())))
+
+
+def writable(directory: str) -> str:
+  epath.Path(directory).mkdir(parents=True, exist_ok=True)
+  return directory
+
+
 def index_manager(directory: str, read_only: bool = False,
                   max_to_keep: int = 3) -> ocp.CheckpointManager:
   """Orbax manager of an index directory (usually `index_dir(model_dir)`)."""
   return ocp.CheckpointManager(
-      directory,
+      directory if read_only else writable(directory),
       options=ocp.CheckpointManagerOptions(
           read_only=read_only, max_to_keep=None if read_only else max_to_keep,
-          create=not read_only, enable_async_checkpointing=False,
-          cleanup_tmp_directories=not read_only))
+          create=False, enable_async_checkpointing=False,
+          cleanup_tmp_directories=not read_only,
+          multiprocessing_options=every_process()))
 
 
 def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,

@@ -31,9 +31,11 @@ class Checkpoints:
   def __init__(self, model_dir: str, save_every: int, keep: int = 3):
     self.directory = publication.checkpoints_dir(model_dir)
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(
-            save_interval_steps=save_every, max_to_keep=keep, create=True,
-            enable_async_checkpointing=True, cleanup_tmp_directories=True))
+        publication.writable(self.directory),
+        options=ocp.CheckpointManagerOptions(
+            save_interval_steps=save_every, max_to_keep=keep, create=False,
+            enable_async_checkpointing=True, cleanup_tmp_directories=True,
+            multiprocessing_options=publication.every_process()))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
