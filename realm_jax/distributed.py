@@ -10,6 +10,8 @@ JAX_PROCESS_ID. A single process needs none of them.
 import os
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 _VARIABLES = ('JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID')
 
@@ -28,3 +30,15 @@ def initialize() -> None:
                                int(os.environ['JAX_PROCESS_ID']))
   elif os.environ.get('TPU_WORKER_HOSTNAMES', '').count(',') > 0:
     jax.distributed.initialize()  # A multi-host TPU slice: JAX finds it.
+
+
+def agree(value: int) -> int:
+  """Process 0's `value`, on every process (itself in a single process).
+
+  Decisions read from the shared filesystem (is an index published? which
+  checkpoint is newest?) can differ between processes that look a moment
+  apart; what follows them is collective, so all must take process 0's.
+  """
+  if jax.process_count() == 1:
+    return value
+  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))

@@ -5,6 +5,7 @@ run's."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -58,10 +59,11 @@ RUNS = {'ict': ["--gin.Ict.bert_dir=''", '--gin.Ict.block_length=64'],
         'pretrain': RETRIEVAL}
 
 
-def _launch(model_dir, run: str, devices: int, processes: int, steps: int):
+def _launch(model_dir, run: str, devices: int, processes: int, steps: int,
+            timeout: int = 600):
   """`realm-jax train` as `processes` processes of `devices` CPU devices."""
   port = _free_port()
-  argv = [sys.executable, '-m', 'realm_jax.main', 'train',
+  argv = [sys.executable, '-X', 'faulthandler', '-m', 'realm_jax.main', 'train',
           f'--model_dir={model_dir}', f'--gin_file=gin/runs/{run}.gin', *TINY,
           f'--gin.train.num_steps={steps}', '--gin.train.log_every=1',
           '--gin.train.data_shards=2', *RUNS[run]]
@@ -76,12 +78,20 @@ def _launch(model_dir, run: str, devices: int, processes: int, steps: int):
     log = open(f'{model_dir}.{process}.log', 'w')  # pylint: disable=consider-using-with
     jobs.append((subprocess.Popen(argv, cwd=REPO, env=env, stdout=log,
                                   stderr=subprocess.STDOUT), log))
-  for job, log in jobs:
-    code = job.wait(timeout=600)
+  try:
+    codes = [job.wait(timeout=timeout) for job, _ in jobs]
+  except subprocess.TimeoutExpired:
+    # faulthandler prints every thread's stack on SIGABRT: where it hung.
+    for job, _ in jobs:
+      job.send_signal(signal.SIGABRT)
+    codes = [f'{job.wait()} after hanging for {timeout} s' for job, _ in jobs]
+  for _, log in jobs:
     log.close()
-    if code:
-      with open(log.name) as f:
-        raise AssertionError(f'{log.name} exited {code}:\n{f.read()[-3000:]}')
+  failed = [(log.name, code) for (_, log), code in zip(jobs, codes) if code]
+  if failed:
+    raise AssertionError('\n'.join(
+        f'{name} exited {code}:\n{open(name).read()[-6000:]}'  # pylint: disable=consider-using-with
+        for name, code in failed))
 
 
 def _losses(model_dir):

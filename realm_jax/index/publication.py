@@ -20,6 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from realm_jax import distributed
 from realm_jax.index.exact import ExactSearcher
 from realm_jax.index.scann_searcher import ScannSearcher, build_scann
 
@@ -106,6 +107,14 @@ def every_process() -> ocp.options.MultiprocessingOptions:
       active_processes=set(range(jax.process_count())))
 
 
+def this_process() -> ocp.options.MultiprocessingOptions:
+  """This process alone: a reader of indexes that no other process waits
+  for (each trainer process refreshes its own searcher when it looks)."""
+  return ocp.options.MultiprocessingOptions(
+      primary_host=jax.process_index(),
+      active_processes={jax.process_index()})
+
+
 def writable(directory: str) -> str:
   epath.Path(directory).mkdir(parents=True, exist_ok=True)
   return directory
@@ -120,7 +129,8 @@ def index_manager(directory: str, read_only: bool = False,
           read_only=read_only, max_to_keep=None if read_only else max_to_keep,
           create=False, enable_async_checkpointing=False,
           cleanup_tmp_directories=not read_only,
-          multiprocessing_options=every_process()))
+          multiprocessing_options=this_process() if read_only else
+          every_process()))
 
 
 def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
@@ -139,7 +149,15 @@ def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
 
 def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
             metadata: dict, scann: ScannSearcher | None = None) -> None:
-  """Saves one index as step `step`; visible to readers only once complete."""
+  """Saves one index as step `step`; visible to readers only once complete.
+
+  Raises StepAlreadyExistsError on every process alike when the step is
+  published already (by an index builder beside a trainer, say).
+  """
+  manager.reload()
+  if distributed.agree(step in manager.all_steps()):
+    raise ocp.checkpoint_manager.StepAlreadyExistsError(
+        f'Index step {step} is already published in {manager.directory}.')
   items = {'embeddings': ocp.args.StandardSave({'embeddings': embeddings}),
            'metadata': ocp.args.JsonSave(metadata)}
   if scann is not None:

@@ -85,19 +85,24 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
     index.reload()  # A trainer may have published its own first index.
     if index.latest_step() is not None:
       last = max(last if last is not None else -1, index.latest_step())
-    if step is not None and (last is None or step > last):
+    # Embedding and publishing are collective: process 0's view decides.
+    due = distributed.agree(
+        step if step is not None and (last is None or step > last) else -1)
+    if due >= 0:
+      step, params = due, None
       try:
         params = publication.restore_retriever_params(checkpoints, step)
       except Exception as error:  # pylint: disable=broad-except
         logging.warning('Cannot read trainer checkpoint %d yet (%s); retrying.',
                         step, error)
+      if not distributed.agree(params is not None):
         time.sleep(poll_seconds)
         continue
       embed_and_publish(index, step, embedder, params, arrays,
                         corpus_metadata, searcher)
       last, published = step, published + 1
       continue
-    if publication.training_done(model_dir):
+    if distributed.agree(publication.training_done(model_dir)):
       print(f'training done; index builder exits after {published} '
             'refreshes', flush=True)
       return published

@@ -16,6 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from realm_jax import distributed
 from realm_jax.data import corpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
@@ -64,15 +65,15 @@ class CandidateRetrieval:
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass  # An index builder beside us published the same step first.
 
-  def _copy(self, step: int, source_dir: str, source_step: int) -> bool:
-    """Publishes another run's index of `source_step` as our `step`; False
-    when it has none that fits this corpus and block cut."""
+  def _warm_start_embeddings(self, source_dir: str, source_step: int):
+    """Another run's index of `source_step`, or None when it has none that
+    fits this corpus and block cut."""
     directory = publication.index_dir(source_dir)
     if not epath.Path(directory).is_dir():
-      return False
+      return None
     source = publication.index_manager(directory, read_only=True)
     if source_step not in source.all_steps():
-      return False
+      return None
     metadata = source.restore(source_step, args=ocp.args.Composite(
         metadata=ocp.args.JsonRestore()))['metadata']
     try:
@@ -81,8 +82,14 @@ class CandidateRetrieval:
                                    self.client.block_length)
     except publication.IndexMismatchError as error:
       print(f'not reusing the warm start\'s index: {error}', flush=True)
-      return False
-    embeddings = publication.read_embeddings(source, source_step)
+      return None
+    return publication.read_embeddings(source, source_step)
+
+  def _copy(self, step: int, embeddings, source: str) -> None:
+    """Publishes the warm start's embeddings as our `step`."""
+    if embeddings is None:
+      raise RuntimeError(f'Process 0 reuses the index of {source}, which '
+                         'this process cannot read.')
     try:
       publication.publish(
           publication.index_manager(publication.index_dir(self.model_dir)),
@@ -91,9 +98,8 @@ class CandidateRetrieval:
               self.client.block_length))
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass
-    print(f'index step {step}: the warm start\'s index (step {source_step} '
-          f'of {source_dir}), embedded by the same parameters', flush=True)
-    return True
+    print(f'index step {step}: the warm start\'s index ({source}), embedded '
+          'by the same parameters', flush=True)
 
   def ensure_index(self, step: int, retriever, retriever_params,
                    warm_start: tuple[str, int] | None = None) -> None:
@@ -102,17 +108,24 @@ class CandidateRetrieval:
     step; the same parameters embedded it), or else the corpus embedded with
     the current towers, as the index builder would."""
     self.client.maybe_refresh(step)
-    if self.client.searcher is not None:
-      return
-    if not (warm_start and self._copy(step, *warm_start)):
-      self._publish(step, retriever, retriever_params)
+    # Publishing is collective: every process follows process 0's view.
+    if distributed.agree(self.client.searcher is None):
+      embeddings = warm_start and self._warm_start_embeddings(*warm_start)
+      if distributed.agree(embeddings is not None):
+        self._copy(step, embeddings,
+                   f'step {warm_start[1]} of {warm_start[0]}')
+      else:
+        self._publish(step, retriever, retriever_params)
     self.client.maybe_refresh(step)
+    if self.client.searcher is None:
+      raise RuntimeError(f'No index in {publication.index_dir(self.model_dir)}'
+                         f' after publishing step {step}.')
 
   def index_at(self, step: int, retriever, retriever_params) -> None:
     """Serves the index of exactly `step`, embedding it if none was published
     (evaluating a retriever, not the stale index it trained with)."""
     self.client.maybe_refresh(step, force=True)
-    if self.client.index_step != step:
+    if distributed.agree(self.client.index_step != step):
       self._publish(step, retriever, retriever_params)
       self.client.maybe_refresh(step, force=True)
     if self.client.index_step != step:
