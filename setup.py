@@ -21,6 +21,9 @@ INSTALL_REQUIRES = [
     'matplotlib>=3.8',
     'numpy',
 ]
+# The benchmarks' peers: faiss-cpu, and Hugging Face's PyTorch BERT (the CPU
+# wheel of torch; transformers at a release that loads it).
+BENCH = ['faiss-cpu>=1.8', 'torch==2.13.0', 'transformers==5.23.0']
 
 setuptools.setup(
     name='realm-jax',
@@ -34,7 +37,7 @@ setuptools.setup(
                                                'tasks', 'tasks.*',
                                                'launch', 'launch.*']),
     install_requires=INSTALL_REQUIRES,
-    extras_require={'test': ['pytest>=8'], 'bench': ['faiss-cpu>=1.8']},
+    extras_require={'test': ['pytest>=8', *BENCH], 'bench': BENCH},
     entry_points={'console_scripts': ['realm-jax=realm_jax.main:main']},
     license='Apache-2.0',
 )

@@ -2,34 +2,55 @@
 and 512, build time and index memory, for every searcher a user might pick.
 
 Searchers, side by side on the same vectors and queries:
-  - numpy: brute force (one matmul, argpartition), the ground truth;
+  - numpy: brute force (one matmul, argpartition);
   - exact: realm_jax.index.exact.ExactSearcher (chunked JAX matmul + top-k,
-    sharded over the devices);
-  - scann: realm_jax.index.scann_searcher.build_scann's default;
-  - faiss-flat / faiss-ivfpq: faiss-cpu's flat inner-product index and an
-    IVF-PQ fast-scan index, when faiss-cpu is installed (skipped, and said
-    so, when it is not).
-The vectors are synthetic Gaussian (the hardest case for quantization: no
-structure), float32; queries are drawn the same way.
+    sharded over the devices), on float32 or bfloat16 rows;
+  - scann: realm_jax.index.scann_searcher.build_scann's default (asymmetric
+    hashing over every row, exact re-scoring of 1,000), and scann-tree, the
+    same behind a k-means tree of sqrt(N) leaves searching a tenth of them;
+  - faiss-flat / faiss-ivfpq / faiss-bf16: faiss-cpu's flat inner-product
+    index, an IVF-PQ fast-scan index with exact re-scoring, and a flat index
+    stored as bfloat16, when faiss-cpu is installed (skipped, and said so,
+    when it is not).
+Datasets: synthetic Gaussian vectors (the hardest case for quantization and
+partitioning: no structure) at 1M and the paper's 13,353,718 rows, stored
+as float32 or bfloat16; and the real corpus embeddings of a published index
+(`--index_dir`, default the demo's pre-training index), queried with 512 of
+its own rows (each finds itself first). Recall is against float32 brute
+force, so the bfloat16 rows show what the storage costs.
 """
 
+import gc
+import os
 import pathlib
 import statistics
 import tempfile
 import time
 
+import ml_dtypes
 import numpy as np
 
 K = 8
 BATCH = 512
-SINGLE_QUERIES = 50  # Batch-1 calls timed; the median is reported.
+PAPER_BLOCKS = 13_353_718
+DEMO_INDEX = os.path.join('runs', 'demo', 'pretrain', 'index')
 
 
-def numpy_top_k(queries, rows, k: int = K):
-  scores = queries @ rows.T
-  top = np.argpartition(-scores, k, axis=1)[:, :k]
-  order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1)
-  return np.take_along_axis(top, order, 1)
+def numpy_top_k(queries, rows, k: int = K, chunk: int = 1 << 20):
+  """Exact top-k ids by brute force, `chunk` rows at a time."""
+  best_scores = np.full((len(queries), 0), -np.inf, np.float32)
+  best_ids = np.zeros((len(queries), 0), np.int64)
+  for start in range(0, len(rows), chunk):
+    scores = np.concatenate(
+        [best_scores, queries @ rows[start:start + chunk].T], axis=1)
+    ids = np.concatenate([best_ids, np.broadcast_to(
+        np.arange(start, min(start + chunk, len(rows))),
+        (len(queries), min(chunk, len(rows) - start)))], axis=1)
+    top = np.argpartition(-scores, min(k, scores.shape[1] - 1), axis=1)[:, :k]
+    best_scores = np.take_along_axis(scores, top, 1)
+    best_ids = np.take_along_axis(ids, top, 1)
+  order = np.argsort(-best_scores, axis=1)
+  return np.take_along_axis(best_ids, order, 1)
 
 
 def recall(found, truth) -> float:
@@ -48,37 +69,47 @@ def _exact(rows):
   return (lambda q: searcher.search(q, K)[1]), searcher.embeddings.nbytes
 
 
-def _scann(rows):
+def _scann(rows, **tree):
   from realm_jax.index.scann_searcher import build_scann  # pylint: disable=g-import-not-at-top
-  searcher = build_scann(rows)
+  searcher = build_scann(rows, **tree)
   with tempfile.TemporaryDirectory() as directory:  # Its serialized size.
     searcher.serialize(directory)
     memory = sum(f.stat().st_size for f in pathlib.Path(directory).iterdir())
   return (lambda q: searcher.search(q, K)[1]), memory
 
 
-def _faiss_flat(rows):
+def _scann_tree(rows):
+  leaves = int(np.sqrt(len(rows)))
+  return _scann(rows, num_leaves=leaves,
+                num_leaves_to_search=max(1, leaves // 10))
+
+
+def _faiss(rows, factory: str, **parameters):
   import faiss  # pylint: disable=g-import-not-at-top
-  index = faiss.IndexFlatIP(rows.shape[1])
+  index = faiss.index_factory(rows.shape[1], factory,
+                              faiss.METRIC_INNER_PRODUCT)
+  if not index.is_trained:
+    index.train(rows[:min(len(rows), 256 * 1024)])
   index.add(rows)
+  space = faiss.ParameterSpace()
+  for name, value in parameters.items():
+    space.set_index_parameter(index, name, value)
   return (lambda q: index.search(q, K)[1]), faiss.serialize_index(index).nbytes
 
 
 def _faiss_ivfpq(rows):
-  import faiss  # pylint: disable=g-import-not-at-top
   lists = max(1, int(np.sqrt(len(rows))))
-  index = faiss.index_factory(rows.shape[1], f'IVF{lists},PQ64x4fs,RFlat',
-                              faiss.METRIC_INNER_PRODUCT)
-  index.train(rows[:min(len(rows), 100 * lists)])
-  index.add(rows)
-  space = faiss.ParameterSpace()  # Lists probed; candidates re-scored exactly.
-  space.set_index_parameter(index, 'nprobe', max(1, lists // 8))
-  space.set_index_parameter(index, 'k_factor_rf', 32)
-  return (lambda q: index.search(q, K)[1]), faiss.serialize_index(index).nbytes
+  # Lists probed, then 32 x k candidates re-scored exactly.
+  return _faiss(rows, f'IVF{lists},PQ64x4fs,RFlat', nprobe=max(1, lists // 8),
+                k_factor_rf=32)
 
 
-SEARCHERS = {'numpy': _numpy, 'exact': _exact, 'scann': _scann,
-             'faiss-flat': _faiss_flat, 'faiss-ivfpq': _faiss_ivfpq}
+FLOAT32 = {'numpy': _numpy, 'exact': _exact, 'scann': _scann,
+           'scann-tree': _scann_tree,
+           'faiss-flat': lambda rows: _faiss(rows, 'Flat'),
+           'faiss-ivfpq': _faiss_ivfpq}
+BFLOAT16 = {'exact': lambda rows: _exact(rows.astype(ml_dtypes.bfloat16)),
+            'faiss-bf16': lambda rows: _faiss(rows, 'SQbf16')}
 
 
 def _seconds(fn, *args) -> float:
@@ -87,33 +118,63 @@ def _seconds(fn, *args) -> float:
   return time.perf_counter() - start
 
 
-def run(quick: bool) -> list[dict]:
-  """One row per (size, searcher)."""
-  sizes = (100_000,) if quick else (1_000_000,)
+def _measure(row: dict, build, rows, queries, truth, single_calls: int):
+  try:
+    start = time.perf_counter()
+    search, memory = build(rows)
+    row['build_seconds'] = time.perf_counter() - start
+  except ImportError as error:
+    return {**row, 'skipped': f'{error.name} not installed'}
+  search(queries[:1])  # Compile / warm up.
+  search(queries)
+  batch_seconds = statistics.median(_seconds(search, queries) for _ in range(3))
+  single = statistics.median(
+      _seconds(search, queries[i:i + 1]) for i in range(single_calls))
+  return {**row, 'recall_at_8': recall(search(queries), truth),
+          'qps_batch_512': BATCH / batch_seconds, 'qps_batch_1': 1 / single,
+          'index_bytes': int(memory)}
+
+
+def _dataset(name: str, rows, queries, single_calls: int) -> list[dict]:
+  """Every searcher on `rows` (float32), in float32 and in bfloat16."""
+  truth = numpy_top_k(queries, rows)
+  results = []
+  for dtype, searchers in (('float32', FLOAT32), ('bfloat16', BFLOAT16)):
+    for searcher, build in searchers.items():
+      row = {'benchmark': 'mips', 'dataset': name, 'vectors': len(rows),
+             'dim': rows.shape[1], 'dtype': dtype, 'searcher': searcher}
+      results.append(_measure(row, build, rows, queries, truth, single_calls))
+      print(results[-1], flush=True)
+      gc.collect()  # One index in memory at a time (13.35M rows: 6.8 GB).
+  return results
+
+
+def _published_embeddings(index_dir: str):
+  from realm_jax.index import publication  # pylint: disable=g-import-not-at-top
+  manager = publication.index_manager(os.path.abspath(index_dir),
+                                      read_only=True)
+  return publication.read_embeddings(manager, manager.latest_step())
+
+
+def run(options) -> list[dict]:
+  """One row per (dataset, dtype, searcher)."""
+  quick, index_dir = options.quick, options.index_dir
   rng = np.random.default_rng(0)
-  rows_out = []
+  sizes = (100_000,) if quick else (1_000_000, PAPER_BLOCKS)
+  results = []
   for size in sizes:
     rows = rng.standard_normal((size, 128), np.float32)
     queries = rng.standard_normal((BATCH, 128), np.float32)
-    truth = numpy_top_k(queries, rows)
-    for name, build in SEARCHERS.items():
-      row = {'benchmark': 'mips', 'vectors': size, 'dim': 128,
-             'dtype': 'float32', 'searcher': name}
-      try:
-        start = time.perf_counter()
-        search, memory = build(rows)
-        row['build_seconds'] = time.perf_counter() - start
-      except ImportError as error:
-        rows_out.append({**row, 'skipped': f'{error.name} not installed'})
-        continue
-      search(queries[:1])  # Compile / warm up.
-      search(queries)
-      batch_seconds = statistics.median(
-          _seconds(search, queries) for _ in range(3))
-      single = statistics.median(
-          _seconds(search, queries[i:i + 1]) for i in range(SINGLE_QUERIES))
-      rows_out.append({
-          **row, 'recall_at_8': recall(search(queries), truth),
-          'qps_batch_512': BATCH / batch_seconds, 'qps_batch_1': 1 / single,
-          'index_bytes': int(memory)})
-  return rows_out
+    results += _dataset('gaussian', rows, queries,
+                        single_calls=50 if size <= 1_000_000 else 10)
+    del rows
+  if quick:
+    return results
+  if not os.path.isdir(index_dir):
+    return results + [{'benchmark': 'mips', 'dataset': 'corpus',
+                       'skipped': f'no published index in {index_dir} (run '
+                                  '`make demo` or pass --index_dir)'}]
+  rows = _published_embeddings(index_dir).astype(np.float32)
+  queries = rows[rng.choice(len(rows), BATCH, replace=False)]
+  return results + _dataset(f'corpus ({index_dir})', rows, queries,
+                            single_calls=50)

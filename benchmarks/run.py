@@ -13,9 +13,10 @@ import json
 import os
 import platform
 
-from benchmarks import mips
+from benchmarks import embed, encoder, mips, train_step
 
-BENCHMARKS = {'mips': mips.run}
+BENCHMARKS = {'encoder': encoder.run, 'train_step': train_step.run,
+              'embed': embed.run, 'mips': mips.run}
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            'results')
 
@@ -49,10 +50,14 @@ def main(argv=None) -> str:
   parser.add_argument('--only', choices=tuple(BENCHMARKS), action='append',
                       help='Repeatable; default every benchmark.')
   parser.add_argument('--output_dir', default=RESULTS_DIR)
+  parser.add_argument('--index_dir', default=mips.DEMO_INDEX,
+                      help='A published index whose real corpus embeddings '
+                      'mips searches (default: the demo pre-training run\'s).')
   args = parser.parse_args(argv)
   rows = [row for name in args.only or BENCHMARKS
-          for row in BENCHMARKS[name](args.quick)]
-  print(table(rows))
+          for row in BENCHMARKS[name](args)]
+  for name in dict.fromkeys(row['benchmark'] for row in rows):
+    print(f'\n{name}\n' + table([r for r in rows if r['benchmark'] == name]))
   info = machine()
   os.makedirs(args.output_dir, exist_ok=True)
   path = os.path.join(args.output_dir, f'{info["name"]}-'

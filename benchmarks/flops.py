@@ -1,0 +1,58 @@
+"""Analytic FLOP counts: the numerator of model FLOPs utilisation (MFU).
+
+Matrix multiplications only, 2 FLOPs per multiply-add; softmax, GELU and
+LayerNorm are left out (a few percent at BERT's widths), as are rematerialized
+recomputations: MFU counts what the model needs, not what the program did. A
+training step is 3x its forward pass (the backward pass computes the
+gradients of both operands of every matmul).
+"""
+
+from realm_jax.models.bert import BertConfig
+
+
+def encoder_forward(config: BertConfig, length: int) -> float:
+  """One sequence of `length` through every layer of a BERT."""
+  h, i = config.hidden_size, config.intermediate_size
+  per_layer = (2 * length * 4 * h * h      # Q, K, V and output projections
+               + 2 * 2 * length * length * h  # scores and weighted values
+               + 2 * 2 * length * h * i)   # the feed-forward layer
+  return config.num_layers * per_layer
+
+
+def masked_lm_head(config: BertConfig, masked: int) -> float:
+  """The transform and the tied vocabulary projection at `masked` tokens."""
+  h = config.hidden_size
+  return 2 * masked * (h * h + h * config.vocab_size)
+
+
+def tower(config: BertConfig, length: int, projection_size: int) -> float:
+  """A retriever tower: the encoder, then the projection to the index."""
+  return (encoder_forward(config, length)
+          + 2 * config.hidden_size * projection_size)
+
+
+def pretrain_example(retriever: BertConfig, reader: BertConfig,
+                     projection_size: int, query_length: int,
+                     block_length: int, reader_length: int,
+                     num_candidates: int, masked: int) -> float:
+  """Forward FLOPs of one REALM pre-training example inside the step: the
+  query tower, the k candidates' document tower (re-embedded so gradients
+  reach it) and k reader passes with their masked-LM heads."""
+  k = num_candidates
+  return (tower(retriever, query_length, projection_size)
+          + k * tower(retriever, block_length, projection_size)
+          + k * (encoder_forward(reader, reader_length)
+                 + masked_lm_head(reader, masked)))
+
+
+def ict_example(retriever: BertConfig, projection_size: int,
+                query_length: int, block_length: int, batch_size: int) -> float:
+  """Forward FLOPs of one ICT example: both towers and its row of the
+  in-batch score matrix."""
+  return (tower(retriever, query_length, projection_size)
+          + tower(retriever, block_length, projection_size)
+          + 2 * batch_size * projection_size)
+
+
+def train(forward: float) -> float:
+  return 3 * forward

@@ -1,0 +1,124 @@
+"""The train step: examples/s and model FLOPs utilisation of REALM
+pre-training and of ICT, for the tiny, MiniLM and BERT-base configs.
+
+The step is the trainer's own (`Trainer.step`: forward, backward, AdamW),
+built from gin/runs/<run>.gin and gin/models/<model>.gin at the paper's
+shapes (query 96, blocks 288, reader 384, 8 candidates, 20 masked tokens;
+ICT queries 64), fed random wordpieces. Retrieval is not in it: it runs on
+the host before the step (docs/training.md measures its share). MFU is the
+analytic model FLOPs (benchmarks/flops.py) per second over the peak of the
+devices the step ran on (benchmarks/peak.py).
+"""
+
+import os
+import statistics
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import flops, peak
+
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'gin')
+MODELS = {'tiny': 'tiny', 'minilm-l6': 'minilm_l6', 'bert-base': 'bert_base'}
+BLOCK_LENGTH = 288
+
+
+def _inputs(abstract: dict, vocab_size: int, query_length: int, seed: int = 0):
+  """Concrete arrays of `abstract`'s shapes: random wordpieces, full masks,
+  masked positions inside the query."""
+  rng = np.random.default_rng(seed)
+
+  def fill(path, spec):
+    name = path[-1].key
+    if name in ('input_mask', 'candidate_mask', 'mlm_mask'):
+      return np.ones(spec.shape, spec.dtype)
+    if name == 'token_type_ids':
+      return np.zeros(spec.shape, spec.dtype)
+    if name == 'mlm_positions':
+      return rng.integers(1, query_length - 1, spec.shape).astype(spec.dtype)
+    return rng.integers(1000, vocab_size, spec.shape).astype(spec.dtype)
+  return jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+def _model_flops(run, batch_size: int):
+  """(analytic FLOPs of one training step of `run` on `batch_size` examples,
+  the BertConfig whose vocabulary the inputs draw from)."""
+  if type(run).__name__ == 'Ict':
+    config = run.retriever.config
+    forward = flops.ict_example(
+        config, run.retriever.projection_size,
+        run.shapes['query_token_ids'][0], run.shapes['block_token_ids'][0],
+        batch_size)
+  else:
+    realm = run.model
+    forward = flops.pretrain_example(
+        realm.retriever_config, realm.reader_config, realm.projection_size,
+        run.shapes['query_token_ids'][0], run.block_length or BLOCK_LENGTH,
+        realm.reader_length, run.num_candidates,
+        run.shapes['mlm_positions'][0])
+    config = realm.reader_config
+  return batch_size * flops.train(forward), config
+
+
+def measure(run_name: str, model: str, batch_size: int, steps: int,
+            dtype: str, bindings=()) -> dict:
+  """One row: the median step time of `steps` steps after a compiling one."""
+  from realm_jax.training import partitioning  # pylint: disable=g-import-not-at-top
+  from realm_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  import realm_jax.models.realm  # pylint: disable=g-import-not-at-top,unused-import
+  gin.clear_config()
+  gin.parse_config_files_and_bindings(
+      [f'{GIN_DIR}/runs/{run_name}.gin', f'{GIN_DIR}/models/{MODELS[model]}.gin'],
+      [f"{kind}.bert_dir = ''" for kind in ('Pretrain', 'Ict')]
+      + ['bert_adamw.warmup_steps = 1', f"BertConfig.dtype = '{dtype}'",
+         *bindings])
+  run = gin.query_parameter('train.run').scoped_configurable_fn()
+  # One CPU device is the whole host; accelerators use all of theirs.
+  devices = jax.devices()
+  devices = devices[:1] if devices[0].platform == 'cpu' else devices
+  mesh = partitioning.make_mesh(devices=devices)
+  trainer = Trainer(run, None, mesh, num_steps=1000)
+  step_flops, config = _model_flops(run, batch_size)
+  inputs = _inputs(run.abstract_inputs(batch_size, BLOCK_LENGTH),
+                   config.vocab_size, run.shapes['query_token_ids'][0])
+  state = trainer.initial_state()
+  state, metrics = trainer.step(state, inputs)  # Compiles.
+  jax.block_until_ready(metrics)
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    state, metrics = trainer.step(state, inputs)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  gin.clear_config()
+  seconds = statistics.median(times)
+  device_peak, source = peak.device_peak(jnp.dtype(dtype))
+  return {'benchmark': 'train_step', 'run': run_name, 'model': model,
+          'dtype': dtype, 'batch': batch_size, 'devices': len(devices),
+          'step_seconds': seconds, 'examples_per_s': batch_size / seconds,
+          'model_tflop_per_step': step_flops / 1e12,
+          'mfu': step_flops / seconds / (device_peak * len(devices)),
+          'peak_tflop_per_s': device_peak * len(devices) / 1e12,
+          'peak_source': source, 'loss': float(metrics['loss'])}
+
+
+def run(options) -> list[dict]:
+  quick = options.quick
+  on_cpu = jax.devices()[0].platform == 'cpu'
+  dtype = 'float32' if on_cpu else 'bfloat16'
+  if quick:  # Smaller shapes than the paper's: a smoke run.
+    small = ['Pretrain.num_candidates = 2', 'Pretrain.query_length = 32',
+             'Pretrain.max_masked = 4', 'build_realm.reader_length = 96',
+             'Pretrain.block_length = 64', 'Ict.block_length = 64',
+             'Ict.query_length = 32']
+    return [measure(r, 'tiny', 4, 2, dtype, small) for r in ('pretrain', 'ict')]
+  # Batches a 2-core host finishes in seconds; accelerators take the
+  # paper's per-chip share or more.
+  batches = ({'tiny': 8, 'minilm-l6': 2, 'bert-base': 1} if on_cpu else
+             {'tiny': 64, 'minilm-l6': 32, 'bert-base': 8})
+  return [measure(r, model, batch * (16 if r == 'ict' else 1), 3, dtype)
+          for model, batch in batches.items() for r in ('pretrain', 'ict')]
