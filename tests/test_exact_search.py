@@ -52,6 +52,20 @@ def test_sharded_search_with_ties_and_exclusions(num_devices, ties):
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
 
+@pytest.mark.parametrize('ties', [False, True])
+def test_two_stage_top_k_of_large_chunks_is_exact(ties):
+  """Chunks of 4,096 rows take the two-stage top-k (group maxima first);
+  ties must still go to the lower id, exclusions must still hold."""
+  queries, docs = _data(10_000, seed=5, ties=ties)  # Pads to 3 whole chunks.
+  searcher = ExactSearcher(docs, devices=jax.devices()[:1], chunk_size=4096)
+  exclude = np.random.default_rng(2).integers(-1, 10_000, (9, 3))
+  for excluded in (None, exclude):
+    scores, ids = searcher.search(queries, 8, excluded)
+    expected_scores, expected_ids = _brute_force(queries, docs, 8, excluded)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
 def test_eight_shards_equal_one():
   queries, docs = _data(1000, seed=3)
   one = ExactSearcher(docs, devices=jax.devices()[:1]).search(queries, 8)

@@ -17,6 +17,30 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 AXIS = 'index'
 
 
+_GROUP = 128  # Scores per group in the two-stage top-k.
+
+
+def _chunk_top_k(scores, k: int):
+  """`lax.top_k` of [Q, n] scores, exactly, in two cheaper stages.
+
+  The top k lie in the k groups (of _GROUP consecutive scores) with the
+  highest maxima, so a top-k over n / _GROUP group maxima and one over the
+  k x _GROUP scores of those groups replace one over all n: on CPU the
+  top-k then costs a tenth of the matmul instead of as much again. The
+  groups are kept in id order, so ties still go to the lower id.
+  """
+  queries, n = scores.shape
+  if n % _GROUP or n < 4 * k * _GROUP:
+    return jax.lax.top_k(scores, k)
+  groups = scores.reshape(queries, n // _GROUP, _GROUP)
+  _, best = jax.lax.top_k(groups.max(axis=-1), k)
+  best = jnp.sort(best, axis=1)
+  candidates = jnp.take_along_axis(groups, best[:, :, None], axis=1)
+  values, position = jax.lax.top_k(candidates.reshape(queries, k * _GROUP), k)
+  group = jnp.take_along_axis(best, position // _GROUP, axis=1)
+  return values, group * _GROUP + position % _GROUP
+
+
 def _top_k_of_rows(queries, rows, first_id, num_docs, exclude_ids, k: int,
                    chunk_size: int):
   """Running top-k over `rows` (ids first_id...), chunk by chunk."""
@@ -35,7 +59,7 @@ def _top_k_of_rows(queries, rows, first_id, num_docs, exclude_ids, k: int,
     valid = (start + jnp.arange(chunk_size) < num_rows) & (ids < num_docs)
     valid = valid[None, :] & ~jnp.any(
         ids[None, :, None] == exclude_ids[:, None, :], axis=-1)
-    scores, top = jax.lax.top_k(jnp.where(valid, scores, -jnp.inf), chunk_k)
+    scores, top = _chunk_top_k(jnp.where(valid, scores, -jnp.inf), chunk_k)
     # Earlier (lower-id) candidates come first, so top_k keeps them on ties.
     all_scores = jnp.concatenate([best[0], scores], axis=1)
     all_ids = jnp.concatenate([best[1], ids[top]], axis=1)
@@ -96,6 +120,8 @@ class ExactSearcher:
     self.num_docs, self.dim = embeddings.shape
     self.mesh = index_mesh(devices)
     rows_per_shard = -(-self.num_docs // len(devices))
+    if rows_per_shard > chunk_size:  # Whole chunks: no padding per search.
+      rows_per_shard = -(-rows_per_shard // chunk_size) * chunk_size
     padded = np.zeros((rows_per_shard * len(devices), self.dim),
                       np.asarray(embeddings).dtype)
     padded[:self.num_docs] = np.asarray(embeddings)
