@@ -57,18 +57,26 @@ def main(argv=None) -> str:
                       help='mips also at 13,353,718 rows (about 14 GB of '
                       'memory and half an hour on 2 cores).')
   args = parser.parse_args(argv)
-  rows = [row for name in args.only or BENCHMARKS
-          for row in BENCHMARKS[name](args)]
-  for name in dict.fromkeys(row['benchmark'] for row in rows):
-    print(f'\n{name}\n' + table([r for r in rows if r['benchmark'] == name]))
   info = machine()
   os.makedirs(args.output_dir, exist_ok=True)
   path = os.path.join(args.output_dir, f'{info["name"]}-'
                       f'{datetime.date.today().isoformat()}'
                       f'{"-quick" if args.quick else ""}.json')
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump({'machine': info, 'quick': args.quick, 'rows': rows}, f,
-              indent=2)
+  # Rows of other benchmarks from an earlier run on this machine and day
+  # stay; the file is rewritten after each benchmark, so a crash loses only
+  # the one running.
+  rows = []
+  if os.path.exists(path):
+    with open(path, encoding='utf-8') as f:
+      rows = json.load(f)['rows']
+  for name in args.only or BENCHMARKS:
+    new = BENCHMARKS[name](args)
+    print(f'\n{name}\n' + table(new), flush=True)
+    rows = [row for row in rows if row['benchmark'] != name] + new
+    with open(f'{path}.tmp', 'w', encoding='utf-8') as f:
+      json.dump({'machine': info, 'quick': args.quick, 'rows': rows}, f,
+                indent=2)
+    os.replace(f'{path}.tmp', path)
   print(f'wrote {path}')
   return path
 

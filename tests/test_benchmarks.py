@@ -44,6 +44,11 @@ def test_numpy_top_k_and_recall():
   queries = np.ones((1, 4), np.float32)
   assert sorted(mips.numpy_top_k(queries, rows, 2)[0]) == [2, 3]
   assert mips.recall([[1, 2]], [[2, 5]]) == 0.5
+  rng = np.random.default_rng(0)
+  rows, queries = rng.standard_normal((1000, 8)), rng.standard_normal((5, 8))
+  whole = np.argsort(-(queries @ rows.T), axis=1)[:, :8]
+  np.testing.assert_array_equal(mips.numpy_top_k(queries, rows, chunk=7),
+                                whole)
 
 
 def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
