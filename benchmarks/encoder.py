@@ -7,7 +7,7 @@ both sides then load (its speed does not depend on the values). The inputs
 are random wordpieces with no padding. Each side is warmed up, then the two
 alternate call by call, so drifts in the machine hit both alike; the median
 call time is reported, and `time_ratio` is ours / theirs (below 1: we are
-faster). `max_abs_diff` of the two outputs shows they computed the same
+faster). A first row times the float32 GEMM under each, a 2048^3 matmul. `max_abs_diff` of the two outputs shows they computed the same
 function.
 """
 
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from benchmarks import flops
+from benchmarks import flops, peak
 
 MODELS = ('minilm-l6', 'bert-base')
 LENGTHS = (128, 288)
@@ -101,6 +101,18 @@ def _compare(name: str, directory: str, lengths, batch: int, calls: int,
   return rows
 
 
+def _matmul_row(threads: int, size: int = 2048, calls: int = 7) -> dict:
+  """The GEMM under both: a float32 size^3 matmul in JAX and in PyTorch."""
+  row = {'benchmark': 'encoder', 'model': f'matmul {size}^3 float32',
+         'threads': threads,
+         'ours_gflop_per_s': peak.measured_matmul(size=size, calls=calls) / 1e9}
+  theirs = peak.torch_matmul('float32', size, calls)
+  if not theirs:
+    return {**row, 'skipped_theirs': 'torch not installed'}
+  return {**row, 'theirs_gflop_per_s': theirs['PyTorch'] / 1e9,
+          'time_ratio': theirs['PyTorch'] / 1e9 / row['ours_gflop_per_s']}
+
+
 def run(options) -> list[dict]:
   quick = options.quick
   from realm_jax import embedded  # pylint: disable=g-import-not-at-top
@@ -108,8 +120,9 @@ def run(options) -> list[dict]:
   if quick:
     return _compare('minilm-l6', embedded.minilm_dir(), (128,), batch=8,
                     calls=3, threads=threads)
-  rows = _compare('minilm-l6', embedded.minilm_dir(), LENGTHS, batch=32,
-                  calls=7, threads=threads)
+  rows = [_matmul_row(threads)]
+  rows += _compare('minilm-l6', embedded.minilm_dir(), LENGTHS, batch=32,
+                   calls=7, threads=threads)
   with tempfile.TemporaryDirectory() as directory:
     try:
       _bert_base_dir(directory)

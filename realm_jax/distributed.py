@@ -42,3 +42,11 @@ def agree(value: int) -> int:
   if jax.process_count() == 1:
     return value
   return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+
+
+def everyone(flag: bool) -> bool:
+  """True on every process when `flag` is True on every process: whether a
+  collective step can go ahead (e.g. each process read its checkpoint)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.all(multihost_utils.process_allgather(np.int64(flag))))

@@ -95,7 +95,7 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
       except Exception as error:  # pylint: disable=broad-except
         logging.warning('Cannot read trainer checkpoint %d yet (%s); retrying.',
                         step, error)
-      if not distributed.agree(params is not None):
+      if not distributed.everyone(params is not None):
         time.sleep(poll_seconds)
         continue
       embed_and_publish(index, step, embedder, params, arrays,

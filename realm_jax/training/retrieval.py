@@ -87,9 +87,6 @@ class CandidateRetrieval:
 
   def _copy(self, step: int, embeddings, source: str) -> None:
     """Publishes the warm start's embeddings as our `step`."""
-    if embeddings is None:
-      raise RuntimeError(f'Process 0 reuses the index of {source}, which '
-                         'this process cannot read.')
     try:
       publication.publish(
           publication.index_manager(publication.index_dir(self.model_dir)),
@@ -111,7 +108,7 @@ class CandidateRetrieval:
     # Publishing is collective: every process follows process 0's view.
     if distributed.agree(self.client.searcher is None):
       embeddings = warm_start and self._warm_start_embeddings(*warm_start)
-      if distributed.agree(embeddings is not None):
+      if distributed.everyone(embeddings is not None):
         self._copy(step, embeddings,
                    f'step {warm_start[1]} of {warm_start[0]}')
       else:
