@@ -1,7 +1,8 @@
-"""The benchmark runner: prints a table and writes
-benchmarks/results/<machine>-<date>.json.
+"""The benchmark runner: prints a table per benchmark and writes
+benchmarks/results/<machine>-<date>.json (docs/benchmarks.md reads it).
 
-  python -m benchmarks.run [--quick] [--only mips]
+  python -m benchmarks.run [--quick] [--only encoder|train_step|embed|mips]
+      [--paper_scale] [--index_dir DIR]
 
 Absolute figures hold for the machine named in the file; comparisons are
 the rows of one run, measured side by side.
