@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from benchmarks import flops, mips, run
 from realm_jax.models.bert import Bert, BertConfig
@@ -51,6 +52,7 @@ def test_numpy_top_k_and_recall():
                                 whole)
 
 
+@pytest.mark.slow
 def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
                                                                capsys):
   path = run.main(['--quick', f'--output_dir={tmp_path}'])
