@@ -431,7 +431,14 @@ def test_ctrl_c_stops_both(tmp_path):
   builder = _python(tmp_path, 'builder', 'time.sleep(60)')
   trainer = _python(tmp_path, 'trainer', 'os.kill(os.getppid(), '
                     'signal.SIGINT); time.sleep(60)', after='builder')
-  with pytest.raises(KeyboardInterrupt):
-    local.run_beside(trainer, builder, beside_timeout=30)
+  # Python's own SIGINT handler, as in a fresh `realm-jax` process: native
+  # libraries loaded by earlier tests in this process may have replaced it.
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      local.run_beside(trainer, builder, beside_timeout=30)
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGINT, previous)
   assert not _alive(_pid(tmp_path, 'trainer'))
   assert not _alive(_pid(tmp_path, 'builder'))
