@@ -9,8 +9,10 @@ The builder's log is model_dir/refresh.log; the trainer prints to this
 console (or, with --train_log, to model_dir/train.log); a gs:// model_dir
 keeps them in runs/logs. The builder exits by
 itself once the trainer has marked training done and the last step is
-published; this waits for both, stops the other job when one fails, and
-both on Ctrl-C.
+published; this waits for both. A builder that dies is restarted (a few times,
+each exit logged with the tail of its log) while training goes on with the
+index it has; a failed trainer, or a builder out of restarts, stops the other
+job, and Ctrl-C stops both.
 """
 
 import argparse
@@ -25,6 +27,8 @@ import time
 TRAIN_LOG, REFRESH_LOG = 'train.log', 'refresh.log'
 # Lines of a failed job's log quoted in the error.
 TAIL_LINES = 10
+# Times a failed index builder is started again before the run fails.
+BUILDER_RESTARTS = 3
 
 
 class JobFailed(RuntimeError):
@@ -90,50 +94,72 @@ def _stop(process: subprocess.Popen, grace_seconds: float = 10) -> None:
       process.wait()
 
 
-def _failed(job: Job, code: int) -> JobFailed:
+def _exit_report(job: Job, code: int) -> str:
+  """'NAME failed (why); see LOG, which ends:' and the log's last lines."""
   why = (f'killed by signal {-code}' if code < 0 else f'exit code {code}')
   if job.log is None:
-    return JobFailed(f'{job.name} failed ({why}); its output is above')
+    return f'{job.name} failed ({why}); its output is above'
   with open(job.log, encoding='utf-8', errors='replace') as f:
     tail = ''.join(f.readlines()[-TAIL_LINES:])
-  return JobFailed(f'{job.name} failed ({why}); see {job.log}, which ends:\n'
-                   f'{tail}')
+  return f'{job.name} failed ({why}); see {job.log}, which ends:\n{tail}'
+
+
+class _Restarted:
+  """A job started again each time it fails, up to `restarts` times."""
+
+  def __init__(self, job: Job, files: contextlib.ExitStack, restarts: int):
+    self.job, self.files, self.restarts_left = job, files, restarts
+    self.restarts = 0
+    self.process = _start(job, files)
+
+  def poll(self) -> int | None:
+    """None while it runs (restarted if it failed), 0 once it has finished;
+    raises JobFailed when it fails with no restart left."""
+    code = self.process.poll()
+    if not code:
+      return code
+    if self.restarts == self.restarts_left:
+      raise JobFailed(_exit_report(self.job, code))
+    self.restarts += 1
+    print(f'{_exit_report(self.job, code).rstrip()}\n{self.job.name}: '
+          f'restarting it ({self.restarts} of {self.restarts_left})',
+          file=sys.stderr, flush=True)
+    self.process = _start(self.job, self.files)
+    return None
 
 
 def run_beside(main: Job, beside: Job, beside_timeout: float,
-               poll_seconds: float = 0.5) -> None:
+               poll_seconds: float = 0.5,
+               beside_restarts: int = BUILDER_RESTARTS) -> None:
   """Runs `beside` for as long as `main` runs, then gives it `beside_timeout`
   seconds to exit by itself (the builder publishes the last step first).
 
-  Raises JobFailed when either fails or `beside` does not exit in time; both
-  are stopped on the way out, Ctrl-C included. `beside` may finish before
-  `main` does, but not fail.
+  `beside` is restarted when it fails, up to `beside_restarts` times; `main`
+  runs on meanwhile. Raises JobFailed when `main` fails, `beside` fails once
+  more, or `beside` does not exit in time; both are stopped on the way out,
+  Ctrl-C included. `beside` may finish before `main` does.
   """
   with contextlib.ExitStack() as files:
-    processes = []
+    helper = primary = None
     try:
-      helper = _start(beside, files)
-      processes.append(helper)
+      helper = _Restarted(beside, files, beside_restarts)
       primary = _start(main, files)
-      processes.append(primary)
       while (code := primary.poll()) is None:
-        if helper.poll():
-          raise _failed(beside, helper.returncode)
+        helper.poll()
         time.sleep(poll_seconds)
       if code:
-        raise _failed(main, code)
-      try:
-        code = helper.wait(beside_timeout)
-      except subprocess.TimeoutExpired:
-        raise JobFailed(
-            f'{beside.name} did not exit within {beside_timeout:.0f}s of '
-            f'{main.name} finishing; see {beside.log or "its output"}'
-        ) from None
-      if code:
-        raise _failed(beside, code)
+        raise JobFailed(_exit_report(main, code))
+      deadline = time.monotonic() + beside_timeout
+      while helper.poll() is None:
+        if time.monotonic() > deadline:
+          raise JobFailed(
+              f'{beside.name} did not exit within {beside_timeout:.0f}s of '
+              f'{main.name} finishing; see {beside.log or "its output"}')
+        time.sleep(min(poll_seconds, 0.1))
     finally:
-      for process in processes:
-        _stop(process)
+      for process in (primary, helper and helper.process):
+        if process is not None:
+          _stop(process)
 
 
 def run(model_dir: str, train_args, refresh_args, *, train_log: bool = False,

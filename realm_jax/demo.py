@@ -31,7 +31,7 @@ from realm_jax import embedded, main
 from realm_jax.data import corpus, open_qa, salient_spans
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import masked_lm, qa_evaluation
-from realm_jax.index import publication
+from realm_jax.index import publication, steps
 from realm_jax.training import curves
 
 SETUP = 'gin/setups/demo.gin'
@@ -130,9 +130,8 @@ def pretrain(model_dir: str, ict_dir: str, stale_factor: int = 1,
               refresh_timeout=600)
   else:
     _train(model_dir, 'pretrain', *flags)
-  steps = sorted(publication.index_manager(
-      publication.index_dir(model_dir), read_only=True).all_steps())
-  return {'index_steps_kept': steps}
+  return {'index_steps_kept': steps.reload(publication.index_manager(
+      publication.index_dir(model_dir), read_only=True))}
 
 
 def masked_lm_eval(realm_dir: str, stale_dir: str, output_dir: str) -> dict:

@@ -1,6 +1,7 @@
 """The `realm-jax` command line."""
 
 import argparse
+import functools
 import os
 import sys
 
@@ -245,7 +246,7 @@ def _embed(args) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax import embedded  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
-  from realm_jax.index import embed, publication, refresh  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import embed, publication, refresh, steps  # pylint: disable=g-import-not-at-top
   from realm_jax.models import pretrained  # pylint: disable=g-import-not-at-top
   from realm_jax.models.retriever import init_retriever_params  # pylint: disable=g-import-not-at-top
   _parse_gin(args)
@@ -253,10 +254,10 @@ def _embed(args) -> None:
   corpus_dir = _corpus_dir(args)
   if args.model_dir:
     checkpoints = publication.trainer_checkpoints(args.model_dir)
-    step = checkpoints.latest_step()
+    step, params = steps.newest(checkpoints, functools.partial(
+        publication.restore_retriever_params, checkpoints))
     if step is None:
       raise FileNotFoundError(f'No trainer checkpoint in {args.model_dir}.')
-    params = publication.restore_retriever_params(checkpoints, step)
   else:
     step = 0  # The warm start: pretrained BERT towers, fresh projection.
     bert = pretrained.load_bert_params(args.bert_dir or embedded.minilm_dir(),

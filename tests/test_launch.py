@@ -377,14 +377,19 @@ def _pid(tmp_path, name: str) -> int:
   return int((tmp_path / f'{name}.pid').read_text())
 
 
+def _builder_until(tmp_path, done):
+  """A builder stand-in that ends once the trainer stand-in wrote `done`."""
+  return _python(tmp_path, 'builder', f'''
+while not os.path.exists({str(done)!r}):
+  time.sleep(0.02)
+print("published the last step")''')
+
+
 def test_the_builder_finishes_after_the_trainer(tmp_path):
   done = tmp_path / 'TRAINING_DONE'
   trainer = _python(tmp_path, 'trainer',
                     f'print("step 1"); open({str(done)!r}, "w").close()')
-  builder = _python(tmp_path, 'builder', f'''
-while not os.path.exists({str(done)!r}):
-  time.sleep(0.05)
-print("published the last step")''')
+  builder = _builder_until(tmp_path, done)
   local.run_beside(trainer, builder, beside_timeout=30)
   assert (tmp_path / 'trainer.log').read_text().endswith('step 1\n')
   log = (tmp_path / 'builder.log').read_text()
@@ -405,16 +410,45 @@ def test_a_failed_trainer_stops_the_builder(tmp_path):
   assert not _alive(_pid(tmp_path, 'builder'))
 
 
-def test_a_failed_builder_stops_the_trainer(tmp_path):
+def test_a_builder_that_keeps_failing_stops_the_trainer(tmp_path, capsys):
   trainer = _python(tmp_path, 'trainer', 'time.sleep(60)', log=False)
   builder = _python(tmp_path, 'builder', 'print("no corpus"); sys.exit(2)',
                     after='trainer')
   started = time.monotonic()
   with pytest.raises(local.JobFailed, match=r'(?s)builder failed \(exit code '
                      r'2\).*no corpus\n$'):
-    local.run_beside(trainer, builder, beside_timeout=30)
+    local.run_beside(trainer, builder, beside_timeout=30, beside_restarts=2)
   assert time.monotonic() - started < 30
   assert not _alive(_pid(tmp_path, 'trainer'))
+  restarts = capsys.readouterr().err
+  assert restarts.count('builder failed (exit code 2)') == 2
+  assert 'restarting it (1 of 2)' in restarts
+  assert 'restarting it (2 of 2)' in restarts
+  lines = (tmp_path / 'builder.log').read_text().splitlines()
+  assert lines.count('no corpus') == 3
+
+
+def test_a_killed_builder_is_restarted_while_training_goes_on(tmp_path,
+                                                             capsys):
+  """The trainer kills its builder mid-run, then waits for the new one."""
+  done = tmp_path / 'TRAINING_DONE'
+  builder_pid = tmp_path / 'builder.pid'
+  trainer = _python(tmp_path, 'trainer', f'''
+first = int(open({str(builder_pid)!r}).read())
+os.kill(first, signal.SIGKILL)
+while int(open({str(builder_pid)!r}).read()) == first:
+  time.sleep(0.02)
+print("trained on", flush=True)
+open({str(done)!r}, "w").close()''', after='builder')
+  builder = _builder_until(tmp_path, done)
+  local.run_beside(trainer, builder, beside_timeout=30)
+  assert (tmp_path / 'trainer.log').read_text().endswith('trained on\n')
+  log = (tmp_path / 'builder.log').read_text()
+  starts = [line for line in log.splitlines() if line.startswith('$ ')]
+  assert len(starts) == 2 and log.endswith('published the last step\n')
+  reported = capsys.readouterr().err
+  assert 'builder failed (killed by signal 9)' in reported
+  assert 'builder: restarting it (1 of 3)' in reported
 
 
 def test_a_builder_that_does_not_exit_is_killed(tmp_path):

@@ -5,7 +5,8 @@ The client looks for a newer index at most every `refresh_interval_steps`
 the index 30x staler), loads it whole, checks it belongs to this corpus and
 model, and only then swaps it in. Until a first index exists it looks at every
 call. Staleness is the trainer step minus the step of the parameters that
-embedded the index.
+embedded the index. An index the builder prunes while it is listed or loaded
+is skipped (see `steps`): the client keeps the index it has and looks again.
 """
 
 
@@ -13,7 +14,7 @@ import gin
 import numpy as np
 from etils import epath
 
-from realm_jax.index import publication
+from realm_jax.index import publication, steps
 from realm_jax.index.exact import ExactSearcher
 
 
@@ -45,8 +46,8 @@ class IndexClient:
         return None
       self._manager = publication.index_manager(
           publication.index_dir(self.model_dir), read_only=True)
-    self._manager.reload()
-    return self._manager.latest_step()
+    published = steps.reload(self._manager)
+    return published[-1] if published else None
 
   def maybe_refresh(self, step: int, force: bool = False) -> bool:
     """Swaps in a newer index if one is due (or `force`) and published; True
@@ -58,10 +59,12 @@ class IndexClient:
     newest = self._newest_step()
     if newest is None or newest == self.index_step:
       return False
-    searcher, _ = publication.load_index(
+    loaded = publication.load_index(
         self._manager, newest, self.corpus_metadata, self.dim,
         self.searcher_kind, self.devices, self.block_length)
-    self.searcher, self.index_step = searcher, newest
+    if loaded is None:
+      return False
+    self.searcher, self.index_step = loaded[0], newest
     self.refreshes += 1
     return True
 

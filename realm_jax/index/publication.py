@@ -9,7 +9,8 @@ Both jobs share one model_dir:
                                   `metadata` (JSON) and, for ScaNN, `scann`.
   model_dir/checkpoints/TRAINING_DONE   written by the trainer when it ends.
 Orbax writes each step into a temporary directory and renames it when
-complete, so a reader never sees a partial index or checkpoint.
+complete, so a reader never sees a partial index or checkpoint; each writer
+prunes its old steps while the other job reads, which `steps` survives.
 """
 
 import dataclasses
@@ -21,6 +22,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed
+from realm_jax.index import steps
 from realm_jax.index.exact import ExactSearcher
 from realm_jax.index.scann_searcher import ScannSearcher, build_scann
 
@@ -86,16 +88,16 @@ class ScannRestore(ocp.args.CheckpointArgs):
 def trainer_checkpoints(model_dir: str) -> ocp.CheckpointManager:
   """Read-only view of the trainer's checkpoints (`reload()` to see new ones)."""
   return ocp.CheckpointManager(
-      checkpoints_dir(model_dir),
-      options=ocp.CheckpointManagerOptions(
-          read_only=True, create=False,
+      checkpoints_dir(model_dir), options=steps.reader_options(
           multiprocessing_options=every_process()))
 
 
 def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
-  """Only the towers' parameters of a trainer step (not reader or optimizer)."""
-  return checkpoints.restore(step, args=ocp.args.Composite(**{
-      RETRIEVER_ITEM: ocp.args.StandardRestore()}))[RETRIEVER_ITEM]
+  """Only the towers' parameters of a trainer step (not reader or optimizer);
+  None if the trainer pruned the step meanwhile."""
+  restored = steps.restore(checkpoints, step, ocp.args.Composite(**{
+      RETRIEVER_ITEM: ocp.args.StandardRestore()}))
+  return None if restored is None else restored[RETRIEVER_ITEM]
 
 
 def every_process() -> ocp.options.MultiprocessingOptions:
@@ -123,14 +125,13 @@ def writable(directory: str) -> str:
 def index_manager(directory: str, read_only: bool = False,
                   max_to_keep: int = 3) -> ocp.CheckpointManager:
   """Orbax manager of an index directory (usually `index_dir(model_dir)`)."""
-  return ocp.CheckpointManager(
-      directory if read_only else writable(directory),
-      options=ocp.CheckpointManagerOptions(
-          read_only=read_only, max_to_keep=None if read_only else max_to_keep,
-          create=False, enable_async_checkpointing=False,
-          cleanup_tmp_directories=not read_only,
-          multiprocessing_options=this_process() if read_only else
-          every_process()))
+  if read_only:
+    return ocp.CheckpointManager(directory, options=steps.reader_options(
+        enable_async_checkpointing=False,
+        multiprocessing_options=this_process()))
+  return ocp.CheckpointManager(writable(directory), options=steps.pruning_options(
+      max_to_keep=max_to_keep, create=False, enable_async_checkpointing=False,
+      cleanup_tmp_directories=True, multiprocessing_options=every_process()))
 
 
 def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
@@ -154,8 +155,7 @@ def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
   Raises StepAlreadyExistsError on every process alike when the step is
   published already (by an index builder beside a trainer, say).
   """
-  manager.reload()
-  if distributed.agree(step in manager.all_steps()):
+  if distributed.agree(step in steps.reload(manager)):
     raise ocp.checkpoint_manager.StepAlreadyExistsError(
         f'Index step {step} is already published in {manager.directory}.')
   items = {'embeddings': ocp.args.StandardSave({'embeddings': embeddings}),
@@ -164,6 +164,7 @@ def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
     items['scann'] = ScannSave(scann)
   manager.save(step, args=ocp.args.Composite(**items), force=True)
   manager.wait_until_finished()
+  steps.empty_trash(manager.directory)
 
 
 def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
@@ -188,25 +189,40 @@ def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
                              + '; '.join(problems) + '.')
 
 
-def read_embeddings(manager: ocp.CheckpointManager, step: int) -> np.ndarray:
-  """[num_blocks, dim] embeddings of a published step."""
-  return np.asarray(manager.restore(step, args=ocp.args.Composite(
-      embeddings=ocp.args.StandardRestore()))['embeddings']['embeddings'])
+def read_metadata(manager: ocp.CheckpointManager, step: int) -> dict | None:
+  """The metadata of a published step; None if it was pruned meanwhile."""
+  restored = steps.restore(manager, step, ocp.args.Composite(
+      metadata=ocp.args.JsonRestore()))
+  return None if restored is None else restored['metadata']
+
+
+def read_embeddings(manager: ocp.CheckpointManager,
+                    step: int) -> np.ndarray | None:
+  """[num_blocks, dim] embeddings of a published step; None if it was pruned
+  meanwhile."""
+  restored = steps.restore(manager, step, ocp.args.Composite(
+      embeddings=ocp.args.StandardRestore()))
+  return (None if restored is None else
+          np.asarray(restored['embeddings']['embeddings']))
 
 
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
                dim: int, searcher: str = 'exact', devices=None,
                block_length: int | None = None):
-  """(searcher, metadata) of a published step, checked against the corpus."""
+  """(searcher, metadata) of a published step, checked against the corpus;
+  None if the builder pruned the step meanwhile."""
   where = os.path.join(str(manager.directory), str(step))
-  metadata = manager.restore(step, args=ocp.args.Composite(
-      metadata=ocp.args.JsonRestore()))['metadata']
+  metadata = read_metadata(manager, step)
+  if metadata is None:
+    return None
   check_compatible(metadata, corpus_metadata, dim, where, block_length)
   if searcher == 'scann' and metadata['searcher'] == 'scann':
-    loaded = manager.restore(step, args=ocp.args.Composite(
-        scann=ScannRestore()))['scann']
-    return loaded, metadata
+    loaded = steps.restore(manager, step, ocp.args.Composite(
+        scann=ScannRestore()))
+    return None if loaded is None else (loaded['scann'], metadata)
   embeddings = read_embeddings(manager, step)
+  if embeddings is None:
+    return None
   if searcher == 'scann':
     return build_scann(embeddings), metadata
   return ExactSearcher(embeddings, devices=devices), metadata

@@ -4,11 +4,10 @@ It polls the trainer's checkpoints through a read-only Orbax manager; for each
 newer step it restores only the retriever's parameters, re-embeds every block
 with the document tower, builds the searcher and publishes the index under
 model_dir/index with the trainer step as its step. It exits when the trainer
-marks training done and the last step is published. A checkpoint it cannot
-read is logged and retried, never fatal.
+marks training done and the last step is published. A checkpoint the trainer
+prunes while it is listed or read is skipped (see `steps`), never fatal.
 """
 
-import logging
 import time
 
 import gin
@@ -17,7 +16,7 @@ from etils import epath
 
 from realm_jax import distributed
 from realm_jax.data import corpus
-from realm_jax.index import publication
+from realm_jax.index import publication, steps
 from realm_jax.index.embed import (DocumentEmbedder, embed_corpus,
                                    local_block_arrays)
 from realm_jax.index.scann_searcher import build_scann
@@ -80,21 +79,17 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
         f'{publication.checkpoints_dir(model_dir)} (last index step {last})',
         flush=True)
   while True:
-    checkpoints.reload()
-    step = checkpoints.latest_step()
-    index.reload()  # A trainer may have published its own first index.
-    if index.latest_step() is not None:
-      last = max(last if last is not None else -1, index.latest_step())
+    saved = steps.reload(checkpoints)
+    step = saved[-1] if saved else None
+    indexes = steps.reload(index)  # A trainer may have published its first.
+    if indexes:
+      last = max(last if last is not None else -1, indexes[-1])
     # Embedding and publishing are collective: process 0's view decides.
     due = distributed.agree(
         step if step is not None and (last is None or step > last) else -1)
     if due >= 0:
-      step, params = due, None
-      try:
-        params = publication.restore_retriever_params(checkpoints, step)
-      except Exception as error:  # pylint: disable=broad-except
-        logging.warning('Cannot read trainer checkpoint %d yet (%s); retrying.',
-                        step, error)
+      step = due
+      params = publication.restore_retriever_params(checkpoints, step)
       if not distributed.everyone(params is not None):
         time.sleep(poll_seconds)
         continue

@@ -6,7 +6,8 @@ model_dir/checkpoints/<step>/ holds the items
   train_state        step, optimizer state and rng;
   data_position      JSON: task, seed, global batch and batches consumed.
 Saves run in the background; Orbax renames a finished step into place, so a
-run killed at any moment leaves its previous checkpoint whole.
+run killed at any moment leaves its previous checkpoint whole. Old steps are
+pruned through `steps.TRASH`, so the index builder never reads half of one.
 """
 
 
@@ -14,7 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax.index import publication
+from realm_jax.index import publication, steps
 from realm_jax.training.train_state import TrainState
 
 TRAIN_STATE = 'train_state'
@@ -32,7 +33,7 @@ class Checkpoints:
     self.directory = publication.checkpoints_dir(model_dir)
     self.manager = ocp.CheckpointManager(
         publication.writable(self.directory),
-        options=ocp.CheckpointManagerOptions(
+        options=steps.pruning_options(
             save_interval_steps=save_every, max_to_keep=keep, create=False,
             enable_async_checkpointing=True, cleanup_tmp_directories=True,
             multiprocessing_options=publication.every_process()))
@@ -49,8 +50,11 @@ class Checkpoints:
     items[TRAIN_STATE] = ocp.args.StandardSave(
         {'step': state.step, 'opt_state': state.opt_state, 'rng': state.rng})
     items[DATA_POSITION] = ocp.args.JsonSave(data_position)
-    return self.manager.save(step, args=ocp.args.Composite(**items),
-                             force=force)
+    saving = self.manager.save(step, args=ocp.args.Composite(**items),
+                               force=force)
+    if saving:  # Steps pruned by earlier saves (this one's go at the next).
+      steps.empty_trash(self.directory)
+    return saving
 
   def restore(self, step: int, abstract: TrainState):
     """(state, data_position) of `step`, placed as `abstract`'s shardings."""
@@ -69,28 +73,39 @@ class Checkpoints:
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
+    steps.empty_trash(self.directory)
 
   def close(self) -> None:
     self.manager.close()
+    steps.empty_trash(self.directory)
 
 
 def restore_params(model_dir: str, step: int | None = None
                    ) -> tuple[int, dict]:
   """(step, {'retriever': ..., 'reader': ...}) of a run's checkpoint `step`
   (default the newest), for warm starts and evaluation; 'reader' only if the
-  run had one."""
+  run had one. The run may still be training and pruning its checkpoints."""
   manager = publication.trainer_checkpoints(model_dir)
+
+  def read(step):
+    names = [name for name in ('retriever', 'reader') if (
+        epath.Path(manager.directory) / str(step) / _params_item(name)
+    ).is_dir()]
+    restored = steps.restore(manager, step, ocp.args.Composite(**{
+        _params_item(n): ocp.args.StandardRestore() for n in names}))
+    return None if restored is None else {
+        n: jax.device_get(restored[_params_item(n)]) for n in names}
+
   if step is None:
-    step = manager.latest_step()
-  if step is None:
-    raise FileNotFoundError(
-        f'No checkpoint under {publication.checkpoints_dir(model_dir)}.')
-  if step not in manager.all_steps():
+    step, params = steps.newest(manager, read)
+    if step is None:
+      raise FileNotFoundError(
+          f'No checkpoint under {publication.checkpoints_dir(model_dir)}.')
+    return step, params
+  kept = steps.reload(manager)
+  params = read(step) if step in kept else None
+  if params is None:
     raise FileNotFoundError(
         f'No checkpoint {step} under {publication.checkpoints_dir(model_dir)};'
-        f' kept: {sorted(manager.all_steps())}.')
-  names = [name for name in ('retriever', 'reader') if (
-      epath.Path(manager.directory) / str(step) / _params_item(name)).is_dir()]
-  restored = manager.restore(step, args=ocp.args.Composite(**{
-      _params_item(n): ocp.args.StandardRestore() for n in names}))
-  return step, {n: jax.device_get(restored[_params_item(n)]) for n in names}
+        f' kept: {steps.reload(manager)}.')
+  return step, params

@@ -18,7 +18,7 @@ from etils import epath
 
 from realm_jax import distributed
 from realm_jax.data import corpus
-from realm_jax.index import publication
+from realm_jax.index import publication, steps
 from realm_jax.index.client import IndexClient
 from realm_jax.index.embed import DocumentEmbedder, block_arrays, local_share
 from realm_jax.index.refresh import embed_and_publish
@@ -72,10 +72,11 @@ class CandidateRetrieval:
     if not epath.Path(directory).is_dir():
       return None
     source = publication.index_manager(directory, read_only=True)
-    if source_step not in source.all_steps():
+    if source_step not in steps.reload(source):
       return None
-    metadata = source.restore(source_step, args=ocp.args.Composite(
-        metadata=ocp.args.JsonRestore()))['metadata']
+    metadata = publication.read_metadata(source, source_step)
+    if metadata is None:
+      return None
     try:
       publication.check_compatible(metadata, self.corpus_metadata,
                                    self.client.dim, directory,

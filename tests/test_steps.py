@@ -1,0 +1,291 @@
+"""Readers of a run directory survive its writer's pruning, on both sides of
+the hand-over: the builder reading trainer checkpoints, and the trainer's
+index client (and eval, ask and fill) reading published indexes.
+
+The races are made to happen on purpose: the writer prunes a step right after
+Orbax listed it (before it reads the step's commit time), or right before a
+step is read. A soak test then runs a real writer process flat out.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from etils import epath
+from orbax.checkpoint._src.path import step as orbax_step
+
+from realm_jax.data import corpus
+from realm_jax.index import publication, refresh, steps
+from realm_jax.index.client import IndexClient
+from realm_jax.models.bert import BertConfig
+from realm_jax.models.retriever import Retriever, init_retriever_params
+from realm_jax.training import checkpoints
+from realm_jax.training.train_state import TrainState
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_GIN = os.path.join(ROOT, 'gin', 'models', 'tiny.gin')
+DIM = 128  # tiny.gin's projection.
+
+
+@pytest.fixture
+def dirs(small_corpus, tmp_path):
+  return str(tmp_path / 'model'), os.path.join(small_corpus, 'wiki_leads')
+
+
+def _after_listing(monkeypatch, directory, prune, times: int) -> list:
+  """Calls `prune()` right after Orbax lists the steps of `directory`, before
+  it reads each one's commit time, on the first `times` listings; returns the
+  list of listings seen."""
+  listings, original = [], orbax_step._StandardNameFormat.find_all  # pylint: disable=protected-access
+  pruning = []  # Not the writer's own listings while it prunes.
+
+  def find_all(self, base_path):
+    found = list(original(self, base_path))
+    if (not pruning and
+        os.path.abspath(str(base_path)) == os.path.abspath(directory)):
+      listings.append([m.step for m in found])
+      if len(listings) <= times:
+        pruning.append(True)
+        prune()
+        pruning.clear()
+    return iter(found)
+
+  monkeypatch.setattr(orbax_step._StandardNameFormat, 'find_all', find_all)  # pylint: disable=protected-access
+  return listings
+
+
+def _before_reading(monkeypatch, handler, prune) -> list:
+  """Calls `prune()` once, as `handler` starts restoring its first item."""
+  calls, original = [], handler.restore
+
+  def restore(self, directory, *args, **kwargs):
+    calls.append(directory)
+    if len(calls) == 1:
+      prune()
+    return original(self, directory, *args, **kwargs)
+
+  monkeypatch.setattr(handler, 'restore', restore)
+  return calls
+
+
+class _Builder:
+  """Publishes indexes as the index builder does, keeping `keep`; the
+  embeddings of step s are all s, so a mixed read would show."""
+
+  def __init__(self, model_dir, corpus_dir, keep=2):
+    self.manager = publication.index_manager(
+        publication.index_dir(model_dir), max_to_keep=keep)
+    self.meta = corpus.load_metadata(corpus_dir)
+    self.step = -1
+
+  def publish(self):
+    self.step += 1
+    embeddings = np.full((self.meta['num_blocks'], DIM), self.step, np.float32)
+    publication.publish(self.manager, self.step, embeddings,
+                        publication.index_metadata(self.meta, embeddings,
+                                                   self.step, 'exact'))
+
+
+def test_the_client_survives_an_index_pruned_while_listed(dirs, monkeypatch,
+                                                          caplog):
+  model_dir, corpus_dir = dirs
+  builder = _Builder(model_dir, corpus_dir)
+  builder.publish(), builder.publish()
+  client = IndexClient(model_dir, builder.meta, dim=DIM)
+  listings = _after_listing(monkeypatch, publication.index_dir(model_dir),
+                            builder.publish, times=2)
+  assert client.maybe_refresh(0)
+  assert client.index_step == builder.step == 3
+  assert len(listings) >= 3  # Two listings met a pruned step; one did not.
+  assert 'vanished while it was listed' in caplog.text
+  np.testing.assert_array_equal(client.document_embeddings([0, 5]), 3)
+
+
+@pytest.mark.parametrize('handler', [ocp.JsonCheckpointHandler,
+                                     ocp.StandardCheckpointHandler],
+                         ids=['metadata', 'embeddings'])
+def test_the_client_skips_an_index_pruned_while_loaded(dirs, monkeypatch,
+                                                       caplog, handler):
+  model_dir, corpus_dir = dirs
+  builder = _Builder(model_dir, corpus_dir)
+  builder.publish()  # Step 0; its read prunes it (two newer ones are kept).
+  client = IndexClient(model_dir, builder.meta, dim=DIM)
+  _before_reading(monkeypatch, handler,
+                  lambda: (builder.publish(), builder.publish()))
+  assert not client.maybe_refresh(0)
+  assert client.searcher is None and client.index_step is None
+  assert 'Step 0 of' in caplog.text and 'vanished while it was read' in \
+      caplog.text
+  assert client.maybe_refresh(1)  # The next look takes the newest.
+  assert client.index_step == 2
+  np.testing.assert_array_equal(client.document_embeddings([0, 5]), 2)
+
+
+def _trainer_writer(model_dir, keep=2):
+  """The trainer's own checkpoint writer, and a save of step s whose towers'
+  parameters are all s."""
+  params = init_retriever_params(Retriever(BertConfig(
+      hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512)),
+                                 jax.random.key(0))
+  writer = checkpoints.Checkpoints(model_dir, save_every=1, keep=keep)
+
+  def save(step):
+    state = TrainState(
+        step=jnp.asarray(step), opt_state={}, rng=jax.random.PRNGKey(0),
+        params={'retriever': jax.tree.map(
+            lambda x: jnp.full_like(x, step), params)})
+    writer.save(state, step, {'batches': step}, force=True)
+    writer.wait()
+
+  return writer, save
+
+
+def test_restore_params_of_a_run_that_prunes_meanwhile(tmp_path, monkeypatch,
+                                                       caplog):
+  """eval, ask, fill and warm starts read the newest checkpoint of a run that
+  may still be training."""
+  model_dir = str(tmp_path / 'run')
+  writer, save = _trainer_writer(model_dir)
+  for step in (10, 20):
+    save(step)
+  _before_reading(monkeypatch, ocp.StandardCheckpointHandler,
+                  lambda: (save(30), save(40)))
+  step, params = checkpoints.restore_params(model_dir)
+  assert step == 40
+  assert all(np.all(leaf == 40) for leaf in jax.tree.leaves(params))
+  assert 'Step 20 of' in caplog.text
+  with pytest.raises(FileNotFoundError, match=r'No checkpoint 20 .* kept: '
+                     r'\[30, 40\]'):
+    checkpoints.restore_params(model_dir, 20)
+  writer.close()
+
+
+def test_the_builder_survives_a_checkpoint_pruned_while_listed(
+    dirs, monkeypatch, caplog):
+  """The race that stopped `make demo`: the trainer saves and prunes while
+  the builder lists its checkpoints."""
+  model_dir, corpus_dir = dirs
+  writer, save = _trainer_writer(model_dir)
+  save(0), save(20)
+  publication.mark_training_done(model_dir)
+  saves = iter((40, 60))
+  listings = _after_listing(monkeypatch, publication.checkpoints_dir(model_dir),
+                            lambda: save(next(saves)), times=2)
+  gin.clear_config()
+  try:
+    gin.parse_config_file(TINY_GIN)
+    published = refresh.run_refresh(model_dir, corpus_dir, poll_seconds=0.05,
+                                    batch_size=16)
+  finally:
+    gin.clear_config()
+  writer.close()
+  assert published == 1 and len(listings) >= 3
+  index = publication.index_manager(publication.index_dir(model_dir),
+                                    read_only=True)
+  assert steps.reload(index) == [60]
+  assert 'vanished while it was listed' in caplog.text
+
+
+def test_writers_prune_by_renaming_into_the_trash_then_empty_it(dirs):
+  model_dir, corpus_dir = dirs
+  builder = _Builder(model_dir, corpus_dir)
+  for _ in range(4):
+    builder.publish()
+  index = epath.Path(publication.index_dir(model_dir))
+  assert sorted(p.name for p in index.iterdir()) == ['2', '3', steps.TRASH]
+  assert not list((index / steps.TRASH).iterdir())
+
+
+# A writer process: publishes indexes (the builder) or saves checkpoints
+# (the trainer) flat out, keeping 2, until the reader removes `go`; it says
+# when its first step is saved, and at the end how many it saved.
+WRITER = '''
+import os, sys
+sys.path.insert(0, {root!r})
+from tests.test_steps import _Builder, _trainer_writer
+step, writer = 0, None
+if {kind!r} == 'index':
+  builder = _Builder({model_dir!r}, {corpus_dir!r})
+  save = lambda step: builder.publish()
+else:
+  writer, save = _trainer_writer({model_dir!r})
+save(step)
+print('saved', flush=True)
+while os.path.exists({go!r}) or step < 3:
+  step += 1
+  save(step)
+if writer is not None:
+  writer.close()
+print(step + 1, flush=True)
+'''
+
+
+def _soak(tmp_path, dirs, kind, read, seconds):
+  """Runs a writer process flat out while `read()` (one look and read,
+  returning the step it read and its values, or None) runs for `seconds`;
+  returns (reads, pruned reads, writes)."""
+  model_dir, corpus_dir = dirs
+  go = tmp_path / 'go'
+  go.touch()
+  writer = subprocess.Popen(
+      [sys.executable, '-c', WRITER.format(
+          root=ROOT, kind=kind, model_dir=model_dir, corpus_dir=corpus_dir,
+          go=str(go))], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  reads = skipped = 0
+  try:
+    assert writer.stdout.readline() == 'saved\n'
+    end = time.time() + seconds
+    while time.time() < end:
+      got = read()
+      reads += 1
+      if got is None:
+        skipped += 1
+        continue
+      step, values = got
+      np.testing.assert_array_equal(values, step)  # Whole, not mixed.
+  finally:
+    go.unlink()
+    writes = int(writer.communicate(timeout=120)[0])
+  print(f"{kind}: {reads} reads ({skipped} pruned under them), {writes} writes")
+  return reads, skipped, writes
+
+
+@pytest.mark.slow
+def test_soak_the_index_client_beside_a_pruning_builder(tmp_path, dirs):
+  meta = corpus.load_metadata(dirs[1])
+  client = IndexClient(dirs[0], meta, dim=DIM)
+
+  def read():
+    if not client.maybe_refresh(0, force=True) and client.searcher is None:
+      return None
+    return client.index_step, client.document_embeddings(np.arange(50))
+
+  reads, _, writes = _soak(tmp_path, dirs, 'index', read, seconds=10)
+  assert reads >= 200 and writes >= 20 and client.refreshes >= 10
+
+
+@pytest.mark.slow
+def test_soak_the_builder_reading_beside_a_pruning_trainer(tmp_path, dirs):
+  manager = publication.trainer_checkpoints(dirs[0])
+
+  def read():
+    kept = steps.reload(manager)
+    if not kept:
+      return None
+    params = publication.restore_retriever_params(manager, kept[-1])
+    if params is None:
+      return None
+    return kept[-1], np.concatenate(
+        [np.ravel(leaf) for leaf in jax.tree.leaves(params)])
+
+  reads, skipped, writes = _soak(tmp_path, dirs, 'checkpoints', read,
+                                 seconds=10)
+  assert reads >= 30 and writes >= 20 and skipped < reads
