@@ -86,7 +86,8 @@ class ScannRestore(ocp.args.CheckpointArgs):
 
 
 def trainer_checkpoints(model_dir: str) -> ocp.CheckpointManager:
-  """Read-only view of the trainer's checkpoints (`reload()` to see new ones)."""
+  """Read-only view of the trainer's checkpoints (`steps.reload` to see new
+  ones)."""
   return ocp.CheckpointManager(
       checkpoints_dir(model_dir), options=steps.reader_options(
           multiprocessing_options=every_process()))
