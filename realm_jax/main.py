@@ -5,8 +5,6 @@ import functools
 import os
 import sys
 
-_DEMO_WORK_DIR = 'runs/demo'
-
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
@@ -15,12 +13,17 @@ def _parser() -> argparse.ArgumentParser:
   commands = parser.add_subparsers(dest='command', required=True)
 
   demo = commands.add_parser(
-      'demo', help='REALM end to end on the embedded default: corpus, ICT, '
-      'pre-training with the index builder beside it, the stale-index '
-      'ablation, NQ fine-tuning and evaluation (QA stages need '
-      '$REALM_DATA_DIR). Finished stages are skipped on a re-run.')
-  demo.add_argument('--work_dir', default=_DEMO_WORK_DIR,
-                    help='Every run, index and result of the demo.')
+      'demo', help='REALM in miniature on the embedded default: corpus, '
+      'ICT, the reader\'s warm start, pre-training with the index builder '
+      'beside it against a trained no-retrieval baseline, every comparison '
+      'with a paired bootstrap interval (recall needs $REALM_DATA_DIR). '
+      'Finished stages are skipped on a re-run.')
+  demo.add_argument('--work_dir', default=None,
+                    help='Every run, index and result (default: '
+                    'runs/<preset>).')
+  demo.add_argument('--preset', choices=('demo', 'reproduce'), default='demo',
+                    help='demo: the two core checks (20 minutes on 2 cores); '
+                    'reproduce: the miniature Table 2 (90 minutes).')
 
   data = commands.add_parser('data', help='Build and annotate corpora.')
   steps = data.add_subparsers(dest='step', required=True)
@@ -222,7 +225,7 @@ def _ask(args) -> None:
 
 def _demo(args) -> None:
   from realm_jax import demo  # pylint: disable=g-import-not-at-top
-  demo.run(args.work_dir)
+  demo.run(args.work_dir or os.path.join('runs', args.preset), args.preset)
 
 
 def _gin_flags(argv):

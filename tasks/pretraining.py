@@ -46,6 +46,15 @@ def mask_preprocessor(name: str):
   return preprocess
 
 
+def every_span_preprocessor(dataset, sequence_length=None):
+  """Every salient span of every block, one query each."""
+  length = (sequence_length or {}).get('query_token_ids',
+                                       salient_spans.MAX_QUERY_LENGTH)
+  tokenizer = common.vocabulary().tokenizer
+  return dataset.flat_map(
+      lambda features: masking.every_salient_span(features, tokenizer, length))
+
+
 OUTPUT_FEATURES = {
     'query_token_ids': common.token_feature(),
     'mlm_positions': common.int_feature(),
@@ -63,6 +72,13 @@ def register(corpus: str) -> None:
             splits=('train', 'validation')),
         preprocessors=[mask_preprocessor(name)],
         output_features=OUTPUT_FEATURES)
+  # Held-out scoring: the same queries for every model and masking.
+  seqio.TaskRegistry.add(
+      f'realm_pretrain_{corpus}_{masking.EVERY_SPAN}',
+      source=seqio.FunctionDataSource(
+          functools.partial(annotated_blocks, corpus), splits=('validation',)),
+      preprocessors=[every_span_preprocessor],
+      output_features=OUTPUT_FEATURES)
 
 
 for _corpus in common.CORPORA:

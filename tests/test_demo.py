@@ -13,13 +13,33 @@ def test_a_finished_stage_is_skipped_on_a_rerun(tmp_path):
   assert again['seconds'] >= 0
 
 
-def test_results_table_without_qa_data_says_so():
-  results = {'masked_lm': {name: {'masked_token_accuracy': value, 'loss': 7.0}
-                           for name, value in (('realm', 0.25),
-                                               ('null_document_only', 0.125),
-                                               ('stale_index', 0.2))},
-             'timings': {'corpus': 90.0, 'pretrain': 200.0}}
+def _interval(a, b):
+  return {'a': a, 'b': b, 'difference': a - b, 'low': a - b - 1,
+          'high': a - b + 1, 'excludes_zero': abs(a - b) > 1}
+
+
+def test_results_table_states_every_interval_and_what_did_not_run():
+  row = lambda accuracy: {'queries': 3286, 'masked_token_accuracy': accuracy,
+                          'loss': 7.0, 'retrieval_utility': 0.01}
+  results = {
+      'preset': 'demo', 'sizes': {'pretrain_steps': 100, 'ablations': False},
+      'machine': {'cpu': 'AMD EPYC', 'cores': 2, 'matmul_2048_gflops': 150.0},
+      'masked_lm': {'realm': row(0.25), 'baseline': row(0.125)},
+      'comparisons': {'masked_lm': {'realm_vs_baseline': {
+          'masked_token_accuracy': _interval(25.0, 12.5),
+          'log_likelihood': _interval(-7.0, -7.5)}}},
+      'pretrain_realm': {'mean_index_staleness': 12.5,
+                         'max_index_staleness': 30, 'index_steps_kept': [90]},
+      'timings': {'corpus': 90.0, 'pretrain_realm': 200.0}}
   text = demo.markdown(results)
-  assert '| 25.0 |' in text and '| 12.5 |' in text and '| 20.0 |' in text
-  assert text.count('not run (no QA data)') == 4 + 3
+  assert '| 25.0 | 12.5 | +12.5 [+11.5, +13.5] |' in text
+  assert 'interval excludes 0; goal met' in text
+  assert '| -7.000 | -7.500 | +0.500 [-0.500, +1.500] |' in text
+  assert 'inside the noise: interval includes 0' in text
+  # The null-document rows were not scored and recall needs the QA data:
+  # those rows say they did not run.
+  assert text.count('| not run |') == 4
+  assert '| realm | 12.5 | 30 | [90] |' in text
+  assert 'AMD EPYC, 2 cores' in text and '150.0 GFLOP/s' in text
   assert '| total | 290 |' in text and '13,353,718' in text
+  assert 'REALM minus ICT' in text

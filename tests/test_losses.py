@@ -146,6 +146,34 @@ def test_mlm_metrics_match_their_definitions():
                              p_z.max(1).mean(), rtol=1e-6)
 
 
+def test_per_example_terms_are_what_the_batch_metrics_sum():
+  """The held-out evaluation resamples queries: each query's terms must be
+  its own, and their sums the batch metrics."""
+  scores, mask, logits, targets, target_mask = _random_inputs(
+      np.random.default_rng(8))
+  terms = losses.realm_mlm_per_example(scores, mask, logits, targets,
+                                       target_mask)
+  _, metrics = losses.realm_mlm_loss(scores, mask, logits, targets,
+                                     target_mask)
+  np.testing.assert_array_equal(terms['masked_tokens'], target_mask.sum(-1))
+  tokens = target_mask.sum()
+  np.testing.assert_allclose(np.sum(terms['correct_tokens']) / tokens,
+                             metrics['masked_token_accuracy'])
+  np.testing.assert_allclose(np.sum(terms['log_likelihood']) / tokens,
+                             metrics['marginal_log_likelihood'], rtol=1e-6)
+  np.testing.assert_allclose(
+      np.sum(terms['log_likelihood'] - terms['null_log_likelihood']) / tokens,
+      metrics['retrieval_utility'], rtol=1e-5)
+  # Query 0's terms do not depend on query 1's inputs.
+  shifted = scores.copy()
+  shifted[1] += np.arange(scores.shape[1])
+  changed = losses.realm_mlm_per_example(shifted, mask, logits, targets,
+                                         target_mask)
+  assert changed['log_likelihood'][1] != terms['log_likelihood'][1]
+  np.testing.assert_allclose(changed['log_likelihood'][0],
+                             terms['log_likelihood'][0], rtol=1e-6)
+
+
 def test_unknown_marginalization_is_an_error():
   with pytest.raises(ValueError, match='marginalize'):
     losses.marginal_log_likelihood(jnp.zeros((1, 2)), jnp.zeros((1, 2, 1)),

@@ -72,13 +72,35 @@ def test_masked_lm_eval_with_and_without_retrieval(tmp_path):
                       '--gin.train.num_steps=2')
   out = str(tmp_path / 'eval')
   realm = masked_lm.evaluate(model_dir, out, 'realm', batch_size=8,
-                             num_batches=2)
+                             max_queries=20)
   alone = masked_lm.evaluate(model_dir, out, 'alone', batch_size=8,
-                             num_batches=2,
+                             max_queries=20,
                              gin_bindings=['Pretrain.num_candidates = 1'])
   assert realm['step'] == realm['index_step'] == 2  # Embedded for step 2.
   assert realm['num_candidates'] == 4 and alone['num_candidates'] == 1
-  assert alone['null_document_prob'] == 1.0 and realm['null_document_prob'] < 1
+  assert realm['queries'] == alone['queries'] == 20
+  assert alone['retrieval_utility'] == 0  # The null document alone.
   assert 0 <= alone['masked_token_accuracy'] <= 1
   with open(f'{out}/alone_metrics.json') as f:
     assert json.load(f)['num_candidates'] == 1
+  rows_realm = masked_lm.read_queries(out, 'realm')
+  rows_alone = masked_lm.read_queries(out, 'alone')
+  # The metrics are ratios of the per-query sums; the queries pair up.
+  assert masked_lm.summarize(rows_realm)['loss'] == pytest.approx(
+      realm['loss'])
+  compared = masked_lm.compare(rows_realm, rows_alone)
+  assert compared['masked_token_accuracy']['items'] == 20
+  assert compared['log_likelihood']['difference'] == pytest.approx(
+      alone['loss'] - realm['loss'], abs=1e-9)
+  with pytest.raises(ValueError, match='different queries'):
+    masked_lm.compare(rows_realm, rows_alone[1:])
+
+
+def test_span_retrieved_finds_the_masked_span_verbatim_in_a_candidate():
+  blocks = np.array([[[0, 0, 0, 0], [5, 7, 8, 9]],     # 7 8 in candidate 1
+                     [[0, 0, 0, 0], [7, 5, 8, 0]],     # 7 and 8, apart
+                     [[0, 0, 0, 0], [1, 2, 3, 4]]])
+  targets = np.array([[7, 8, 0], [7, 8, 0], [0, 0, 0]])
+  mask = targets != 0
+  np.testing.assert_array_equal(
+      masked_lm.span_retrieved(blocks, targets, mask), [True, False, False])

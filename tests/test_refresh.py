@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -13,8 +14,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from realm_jax.data import corpus
-from realm_jax.index import publication
+from realm_jax.index import publication, steps
 from realm_jax.index.client import IndexClient
+from realm_jax.index.refresh import IndexBuilder, due_step
 from realm_jax.index.embed import DocumentEmbedder, block_arrays
 from realm_jax.models.bert import BertConfig
 from realm_jax.models.retriever import Retriever, init_retriever_params
@@ -67,7 +69,7 @@ class _Trainer:
     self.saved = {}
     self.step = 0  # The trainer's step counter: refreshes look as it grows.
     self.client = IndexClient(model_dir, corpus.load_metadata(corpus_dir),
-                              dim=128, refresh_interval_steps=1)
+                              dim=128)
 
   def save(self, step):
     self.params = jax.tree.map(lambda x: x * 1.01, self.params)
@@ -82,7 +84,7 @@ class _Trainer:
       assert time.time() < deadline, builder.stdout.read()
       assert builder.poll() is None, builder.stdout.read()
       self.step += 1
-      self.client.maybe_refresh(self.step)
+      self.client.maybe_refresh()
       time.sleep(0.1)
 
 
@@ -103,7 +105,7 @@ def test_trainer_sees_refreshes_from_the_builder_process(dirs):
     step += 1
     if step % 5 == 1:
       trainer.save(step)
-    trainer.client.maybe_refresh(step)
+    trainer.client.maybe_refresh()
     if trainer.client.index_step is not None:
       staleness.append(trainer.client.staleness(step))
     time.sleep(0.05)
@@ -127,6 +129,56 @@ def test_trainer_sees_refreshes_from_the_builder_process(dirs):
   assert not np.any(ids == np.arange(3)[:, None])
 
 
+# A builder slower than the trainer: each embedding takes an extra second.
+SLOW_BUILDER = '''
+import sys, time
+from realm_jax import main
+from realm_jax.index import refresh
+embed = refresh.embed_corpus
+def slow(*args, **kwargs):
+  time.sleep(1.0)
+  return embed(*args, **kwargs)
+refresh.embed_corpus = slow
+sys.exit(main.main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.slow
+def test_the_trainer_swaps_in_each_index_at_its_next_step(dirs):
+  """The builder embeds every checkpoint it finds (interval 1) but takes far
+  longer than a step; the trainer still serves each new index from the
+  first step that starts after its publication."""
+  model_dir, corpus_dir = dirs
+  trainer = _Trainer(model_dir, corpus_dir)
+  trainer.save(0)
+  builder = _builder(model_dir, corpus_dir, SLOW_BUILDER)
+  published = []  # (trainer step, time) of each 'published index step' line.
+
+  def read_log():
+    for line in builder.stdout:
+      if line.startswith('published index step'):
+        published.append((int(line.split()[3].rstrip(':')), time.time()))
+  reader = threading.Thread(target=read_log, daemon=True)
+  reader.start()
+  looks = []  # (time the look started, index step served after it).
+  deadline = time.time() + 240
+  while len(published) < 4:
+    assert time.time() < deadline and builder.poll() is None
+    trainer.step += 1
+    trainer.save(trainer.step)
+    started = time.time()
+    trainer.client.maybe_refresh()
+    looks.append((started, trainer.client.index_step))
+  publication.mark_training_done(model_dir)
+  assert builder.wait(timeout=120) == 0
+  reader.join(timeout=10)
+  gaps = np.diff([step for step, _ in published[:4]])
+  assert np.all(gaps > 1), published  # Slower than the interval of 1.
+  for step, at in published[:4]:
+    served = [index for started, index in looks if started > at]
+    assert served and served[0] >= step, (step, looks)
+
+
 @pytest.mark.slow
 def test_a_builder_killed_mid_publish_leaves_the_previous_index(dirs):
   model_dir, corpus_dir = dirs
@@ -144,7 +196,7 @@ def test_a_builder_killed_mid_publish_leaves_the_previous_index(dirs):
   builder.wait()
 
   trainer.step += 1
-  assert not trainer.client.maybe_refresh(trainer.step)  # 2 is not visible.
+  assert not trainer.client.maybe_refresh()  # 2 is not visible.
   assert trainer.client.index_step == 1
   queries = np.ones((1, 128), np.float32)
   assert trainer.client.search(queries, 2)[1].shape == (1, 2)
@@ -172,13 +224,12 @@ for step in itertools.count(1):
                              stdout=subprocess.PIPE, text=True)
   assert trainer.stdout.readline().strip() == '1'
   builder = _builder(model_dir, corpus_dir)
-  client = IndexClient(model_dir, corpus.load_metadata(corpus_dir), dim=128,
-                       refresh_interval_steps=1)
+  client = IndexClient(model_dir, corpus.load_metadata(corpus_dir), dim=128)
   deadline, step = time.time() + 180, 0
   while client.index_step is None:
     assert time.time() < deadline and builder.poll() is None
     step += 1
-    client.maybe_refresh(step)
+    client.maybe_refresh()
     time.sleep(0.1)
   trainer.send_signal(signal.SIGKILL)
   trainer.wait()
@@ -187,7 +238,7 @@ for step in itertools.count(1):
     assert time.time() < deadline and builder.poll() is None, \
         builder.stdout.read()
     step += 1
-    client.maybe_refresh(step)
+    client.maybe_refresh()
     time.sleep(0.1)
   time.sleep(2)
   assert builder.poll() is None  # Still polling: no crash, no exit.
@@ -213,25 +264,63 @@ def test_client_refuses_an_index_of_another_corpus(dirs):
     _publish(f'{model_dir}{i}', 1, embeddings, {**good, **bad})
     client = IndexClient(f'{model_dir}{i}', meta, dim=128)
     with pytest.raises(publication.IndexMismatchError, match=message):
-      client.maybe_refresh(1)
+      client.maybe_refresh()
     assert client.searcher is None
 
 
-def test_stale_factor_multiplies_the_refresh_interval(dirs):
+def test_the_builder_embeds_a_checkpoint_once_it_is_due():
+  assert due_step([], None, 5) is None
+  assert due_step([0], None, 5) == 0  # The first index, at once.
+  assert due_step([0, 3], 0, 5) is None
+  assert due_step([0, 3, 5, 7], 0, 5) == 7  # The newest, not the first due.
+  assert due_step([5, 7], 7, 5) is None
+  assert due_step([7, 9], 7, 5, training_done=True) == 9  # The final step.
+  assert due_step([7], 7, 5, training_done=True) is None
+
+
+def _served_staleness(model_dir, corpus_dir, stale_factor):
+  """Staleness per step of a trainer stand-in that checkpoints every 4
+  steps for 120 steps, with the builder (cadence 4 x stale_factor) polled
+  after every step; and the steps the builder embedded."""
+  trainer = _Trainer(model_dir, corpus_dir)
+  trainer.save(0)
+  builder = IndexBuilder(model_dir, corpus_dir, interval=4 * stale_factor)
+  builder.poll()
+  staleness = []
+  for step in range(1, 121):
+    if step % 4 == 0:
+      trainer.save(step)
+    builder.poll()
+    trainer.client.maybe_refresh()
+    staleness.append(trainer.client.staleness(step))
+  published = steps.reload(builder.index)
+  return np.mean(staleness), published
+
+
+@pytest.fixture
+def tiny_gin():
+  """The in-process builder's towers: gin/models/tiny.gin, as _Trainer's."""
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  gin.parse_config_file(TINY_GIN)
+  yield
+  gin.clear_config()
+
+
+@pytest.mark.slow
+def test_a_30x_stale_builder_serves_indexes_30x_staler(dirs, tmp_path,
+                                                       tiny_gin):
+  """The paper's stale-MIPS ablation is the builder's cadence: the trainer
+  still swaps in every index at once, and now serves each for 30x longer."""
   model_dir, corpus_dir = dirs
-  meta = corpus.load_metadata(corpus_dir)
-  embeddings = np.random.default_rng(0).standard_normal(
-      (meta['num_blocks'], 128)).astype(np.float32)
-  _publish(model_dir, 1, embeddings,
-           publication.index_metadata(meta, embeddings, 1, 'exact'))
-  client = IndexClient(model_dir, meta, dim=128, refresh_interval_steps=2,
-                       stale_factor=3)
-  assert client.maybe_refresh(1) and client.staleness(4) == 3
-  _publish(model_dir, 2, embeddings,
-           publication.index_metadata(meta, embeddings, 2, 'exact'))
-  assert not any(client.maybe_refresh(step) for step in range(2, 7))
-  assert client.maybe_refresh(7) and client.index_step == 2
-  assert client.staleness(7) == 5
+  fresh, fresh_steps = _served_staleness(model_dir, corpus_dir, 1)
+  stale, stale_steps = _served_staleness(str(tmp_path / 'stale'), corpus_dir,
+                                         30)
+  assert fresh_steps == [112, 116, 120]  # Every 4 steps (3 kept).
+  assert stale_steps == [0, 120]  # Every 120.
+  # Each index is served from the step it was published at for 4 (or 120)
+  # steps: on average (4 - 1) / 2 (or (120 - 1) / 2) steps old.
+  assert fresh == pytest.approx(1.5) and stale == pytest.approx(59.5)
 
 
 def test_scann_indexes_are_published_and_loaded(dirs):
@@ -244,6 +333,6 @@ def test_scann_indexes_are_published_and_loaded(dirs):
   publication.publish(manager, 3, embeddings, publication.index_metadata(
       meta, embeddings, 3, 'scann'), build_scann(embeddings))
   client = IndexClient(model_dir, meta, dim=128, searcher='scann')
-  assert client.maybe_refresh(3)
+  assert client.maybe_refresh()
   _, ids = client.search(embeddings[:2] * 5, 1)
   np.testing.assert_array_equal(ids[:, 0], [0, 1])

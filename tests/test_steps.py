@@ -102,7 +102,7 @@ def test_the_client_survives_an_index_pruned_while_listed(dirs, monkeypatch,
   client = IndexClient(model_dir, builder.meta, dim=DIM)
   listings = _after_listing(monkeypatch, publication.index_dir(model_dir),
                             builder.publish, times=2)
-  assert client.maybe_refresh(0)
+  assert client.maybe_refresh()
   assert client.index_step == builder.step == 3
   assert len(listings) >= 3  # Two listings met a pruned step; one did not.
   assert 'vanished while it was listed' in caplog.text
@@ -120,11 +120,11 @@ def test_the_client_skips_an_index_pruned_while_loaded(dirs, monkeypatch,
   client = IndexClient(model_dir, builder.meta, dim=DIM)
   _before_reading(monkeypatch, handler,
                   lambda: (builder.publish(), builder.publish()))
-  assert not client.maybe_refresh(0)
+  assert not client.maybe_refresh()
   assert client.searcher is None and client.index_step is None
   assert 'Step 0 of' in caplog.text and 'vanished while it was read' in \
       caplog.text
-  assert client.maybe_refresh(1)  # The next look takes the newest.
+  assert client.maybe_refresh()  # The next look takes the newest.
   assert client.index_step == 2
   np.testing.assert_array_equal(client.document_embeddings([0, 5]), 2)
 
@@ -264,7 +264,7 @@ def test_soak_the_index_client_beside_a_pruning_builder(tmp_path, dirs):
   client = IndexClient(dirs[0], meta, dim=DIM)
 
   def read():
-    if not client.maybe_refresh(0, force=True) and client.searcher is None:
+    if not client.maybe_refresh(force=True) and client.searcher is None:
       return None
     return client.index_step, client.document_embeddings(np.arange(50))
 

@@ -18,6 +18,8 @@ import tensorflow as tf
 from realm_jax.data.tokenization import WordPieceTokenizer
 
 MASKINGS = ('salient', 'random_uniform', 'random_span')
+# The held-out queries: every salient span once (`every_salient_span`).
+EVERY_SPAN = 'every_salient_span'
 MASK_RATE = 0.15
 SPAN_GEOMETRIC_P = 0.2
 MAX_RANDOM_SPAN = 10
@@ -54,6 +56,23 @@ def salient_span_mask(features, seed, tokenizer: WordPieceTokenizer,
   masked only as far as the query reaches)."""
   count = tf.size(features['span_starts'], out_type=tf.int32)
   index = tf.random.stateless_uniform([], seed, maxval=count, dtype=tf.int32)
+  return mask_salient_span(features, index, tokenizer, max_query_length)
+
+
+def every_salient_span(features, tokenizer: WordPieceTokenizer,
+                       max_query_length: int = 96) -> tf.data.Dataset:
+  """One query per salient span of the block, in order: held-out sets that
+  score every span once, the same for every model."""
+  count = tf.size(features['span_starts'], out_type=tf.int64)
+  return tf.data.Dataset.range(count).map(
+      lambda index: mask_salient_span(features, index, tokenizer,
+                                      max_query_length))
+
+
+def mask_salient_span(features, index, tokenizer: WordPieceTokenizer,
+                      max_query_length: int = 96) -> dict:
+  """The query of the block's salient span number `index` (see
+  `salient_span_mask`)."""
   sentence = features['span_sentences'][index]
   start, end = features['span_starts'][index], features['span_ends'][index]
   body = features['body']

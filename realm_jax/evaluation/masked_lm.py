@@ -1,25 +1,81 @@
-"""Held-out masked salient-span accuracy of a pre-training run.
+"""Held-out masked salient-span prediction of a pre-training run, per query.
 
 The paper's pre-training claim at small scale: the same reader, with and
-without retrieved documents. Layer `Pretrain.num_candidates = 1` over the
-run's config to read the null document alone (no retrieval).
+without retrieved documents. Every salient span of every held-out block is
+masked once (the task `realm_pretrain_<corpus>_every_salient_span`), so every
+model is scored on the same queries, and each query's terms are kept for a
+paired bootstrap against another model (`compare`). Layer
+`Pretrain.num_candidates = 1` over the run's config to read the null document
+alone (no retrieval).
 """
 
+import hashlib
 import json
+import os
 
 import jax
+import numpy as np
+import tensorflow as tf
 from etils import epath
 
+from realm_jax.data import corpus, masking, salient_spans
+from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import RestoredRun
-from realm_jax.training import run_kinds
-from realm_jax.training.trainer import held_out_metrics
+from realm_jax.progress import Progress
+from realm_jax.training import input_pipeline, partitioning, run_kinds
+
+TERMS = ('masked_tokens', 'correct_tokens', 'log_likelihood',
+         'null_log_likelihood')
+
+
+def held_out_task(corpus_name: str) -> str:
+  return f'realm_pretrain_{corpus_name}_{masking.EVERY_SPAN}'
+
+
+def held_out_queries(corpus_name: str) -> int:
+  """How many queries `held_out_task` gives: the held-out salient spans."""
+  path = os.path.join(corpus.corpus_dir(corpus_name),
+                      salient_spans.ANNOTATED_DIR, 'validation.tfrecord')
+  return sum(int(tf.size(block['span_starts'])) for block in
+             tf.data.TFRecordDataset(path).map(
+                 salient_spans.parse_annotated_block))
+
+
+def span_retrieved(candidate_tokens, targets, target_mask) -> np.ndarray:
+  """[B] whether some candidate's wordpieces contain the masked span
+  verbatim: the queries whose answer the reader could copy.
+
+  Args: candidate_tokens [B, k, L]; targets, target_mask [B, M].
+  """
+  found = np.zeros(len(targets), bool)
+  for row, (blocks, target, mask) in enumerate(
+      zip(candidate_tokens, targets, target_mask.astype(bool))):
+    span = target[mask]
+    if not len(span):
+      continue
+    windows = np.lib.stride_tricks.sliding_window_view(
+        blocks, len(span), axis=-1) if blocks.shape[-1] >= len(span) else None
+    found[row] = windows is not None and bool(
+        np.any(np.all(windows == span, axis=-1)))
+  return found
+
+
+def _query_key(examples, row) -> str:
+  """What pairs two models' rows: the query and its targets."""
+  data = (examples['query_token_ids'][row].tobytes()
+          + examples['mlm_targets'][row].tobytes())
+  return hashlib.sha1(data).hexdigest()[:16]
 
 
 def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
-             gin_files=(), gin_bindings=(), batch_size: int = 8,
-             num_batches: int = 1000, step: int | None = None) -> dict:
-  """Mean held-out metrics over up to `num_batches` validation batches with
-  the index of the evaluated step; written to output_dir/<name>_metrics.json."""
+             gin_files=(), gin_bindings=(), batch_size: int = 32,
+             step: int | None = None, max_queries: int | None = None) -> dict:
+  """Scores every held-out query with the index of the evaluated step.
+
+  Writes output_dir/<name>_queries.jsonl (one row per query: its key and
+  TERMS) and <name>_metrics.json, and returns the metrics: masked-token
+  accuracy, -log p(y|x) and retrieval_utility per masked token.
+  """
   restored = RestoredRun(model_dir, run_kinds.Pretrain, step, gin_files,
                          gin_bindings)
   run = restored.run
@@ -27,14 +83,84 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
     raise ValueError(f'{model_dir} has no reader: not a pre-training run.')
   run.retrieval.index_at(restored.step, run.retriever,
                          restored.params['retriever'])
-  rng = jax.random.PRNGKey(0)
-  metrics = held_out_metrics(
-      run, jax.jit(lambda p, x: run.loss(p, x, rng, True)[1]), run.mesh,
-      restored.params, restored.step, batch_size, num_batches)
+  per_example = jax.jit(run.per_example)
+  rows = []
+  total = held_out_queries(run.corpus_name)
+  progress = Progress(f'masked LM {name}', min(total, max_queries or total),
+                      unit='queries', every_s=15)
+  for examples in input_pipeline.batches(
+      held_out_task(run.corpus_name), 'validation', run.shapes, batch_size,
+      shuffle=False, num_epochs=1, drop_remainder=False):
+    count = len(examples['block_id'])
+    # One shape for every batch: zero rows (no masked token) pad the last.
+    padded = {k: np.concatenate([v, np.zeros((batch_size - count,) + v.shape[1:],
+                                              v.dtype)])
+              for k, v in examples.items()}
+    inputs, _ = run.prepare(padded, restored.params, restored.step)
+    terms = jax.device_get(per_example(
+        restored.params, partitioning.global_batch(inputs, run.mesh)))
+    retrieved = span_retrieved(inputs['candidates']['token_ids'],
+                               inputs['mlm_targets'], inputs['mlm_mask'])
+    for row in range(count):
+      rows.append({'key': _query_key(examples, row),
+                   'block_id': int(examples['block_id'][row]),
+                   'span_retrieved': bool(retrieved[row]),
+                   **{t: float(terms[t][row]) for t in TERMS}})
+    progress.update(count)
+    if max_queries and len(rows) >= max_queries:
+      rows = rows[:max_queries]
+      break
   summary = {'model_dir': model_dir, 'step': restored.step,
              'index_step': run.retrieval.client.index_step,
-             'num_candidates': run.num_candidates, **metrics}
+             'num_candidates': run.num_candidates, **summarize(rows)}
   output = epath.Path(output_dir)
   output.mkdir(parents=True, exist_ok=True)
+  (output / f'{name}_queries.jsonl').write_text(
+      ''.join(json.dumps(r) + '\n' for r in rows))
   (output / f'{name}_metrics.json').write_text(json.dumps(summary, indent=2))
   return summary
+
+
+def summarize(rows: list[dict]) -> dict:
+  """Per-masked-token metrics of the scored queries."""
+  total = {t: sum(r[t] for r in rows) for t in TERMS}
+  tokens = max(total['masked_tokens'], 1)
+  summary = {
+      'queries': len(rows), 'masked_tokens': int(total['masked_tokens']),
+      'masked_token_accuracy': total['correct_tokens'] / tokens,
+      'loss': -total['log_likelihood'] / tokens,
+      'retrieval_utility': (total['log_likelihood']
+                            - total['null_log_likelihood']) / tokens,
+      'span_retrieved': sum(r.get('span_retrieved', False) for r in rows)
+                        / max(len(rows), 1)}
+  hits = [r for r in rows if r.get('span_retrieved')]
+  if hits and len(hits) < len(rows):  # Where the reader could copy.
+    summary['span_retrieved_queries'] = {
+        k: v for k, v in summarize(hits).items()
+        if k in ('queries', 'masked_token_accuracy', 'loss',
+                 'retrieval_utility')}
+  return summary
+
+
+def read_queries(output_dir: str, name: str) -> list[dict]:
+  path = epath.Path(output_dir) / f'{name}_queries.jsonl'
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def compare(rows_a: list[dict], rows_b: list[dict], **kwargs) -> dict:
+  """A - B on the same held-out queries, each with its paired bootstrap
+  interval: accuracy in points, log-likelihood in nats per masked token."""
+  keys_a, keys_b = [r['key'] for r in rows_a], [r['key'] for r in rows_b]
+  if keys_a != keys_b:
+    raise ValueError(f'The two evaluations scored different queries '
+                     f'({len(keys_a)} and {len(keys_b)}; first difference '
+                     f'at {next((i for i, (x, y) in enumerate(zip(keys_a, keys_b)) if x != y), min(len(keys_a), len(keys_b)))}).')
+  column = lambda rows, t: np.array([r[t] for r in rows])
+  tokens = column(rows_a, 'masked_tokens')
+  return {
+      'masked_token_accuracy': bootstrap.paired_interval(
+          column(rows_a, 'correct_tokens'), column(rows_b, 'correct_tokens'),
+          tokens, scale=100, **kwargs),
+      'log_likelihood': bootstrap.paired_interval(
+          column(rows_a, 'log_likelihood'), column(rows_b, 'log_likelihood'),
+          tokens, **kwargs)}

@@ -109,7 +109,7 @@ class ClozePredictor(RestoredRun):
     if 'reader' not in self.params:
       raise ValueError(f'{model_dir} is an ICT run: it has no reader to fill '
                        'blanks with.')
-    self.run.retrieval.client.maybe_refresh(self.step)
+    self.run.retrieval.client.maybe_refresh()
     self._apply = jax.jit(lambda params, inputs: self.run.model.apply(
         {'params': params}, inputs['query'], inputs['candidates'],
         inputs['mlm_positions'], method='pretrain'))
@@ -127,7 +127,7 @@ class ClozePredictor(RestoredRun):
     query = run_kinds.token_arrays(query_ids)
     blocks, candidate_mask, candidate_ids = self.run.retrieval.candidates(
         self.run.query_embeddings(self.params, query),
-        np.array([NULL_DOCUMENT_ID]), self.step)  # Nothing excluded.
+        np.array([NULL_DOCUMENT_ID]))  # Nothing excluded.
     scores, logits = self._apply(self.params, {
         'query': query, 'candidates': blocks, 'mlm_positions': mlm_positions})
     log_p_z, log_p_vocab, log_marginal = (np.asarray(x)[0] for x in
@@ -197,7 +197,7 @@ class QAPredictor(RestoredRun):
     self.reads = self.kind == 'Finetune'
     retrieval = self.run.retrieval
     if self.reads:
-      retrieval.client.maybe_refresh(self.step)
+      retrieval.client.maybe_refresh()
     else:
       retrieval.index_at(self.step, self.run.retriever,
                          self.params['retriever'])

@@ -18,7 +18,7 @@ import tensorflow as tf
 from etils import epath
 
 from realm_jax.data import open_qa
-from realm_jax.evaluation import metrics
+from realm_jax.evaluation import bootstrap, metrics
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
 from realm_jax.training.run_kinds import token_arrays
@@ -169,3 +169,21 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
       ''.join(json.dumps(row) + '\n' for row in rows))
   (output / f'{task}_metrics.json').write_text(json.dumps(summary, indent=2))
   return summary
+
+
+def read_predictions(output_dir: str, task: str) -> list[dict]:
+  path = epath.Path(output_dir) / f'{task}_predictions.jsonl'
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def compare(rows_a: list[dict], rows_b: list[dict], field: str,
+            answer_in_corpus_only: bool = False, **kwargs) -> dict:
+  """A - B in points of a per-question field ('answer_in_top_k' for
+  recall@k, 'correct' for EM) over the same questions, with its paired
+  bootstrap interval; optionally only where the answer is in the corpus."""
+  if [r['question'] for r in rows_a] != [r['question'] for r in rows_b]:
+    raise ValueError('The two evaluations answered different questions.')
+  pairs = [(a[field], b[field]) for a, b in zip(rows_a, rows_b)
+           if a['answer_in_corpus'] or not answer_in_corpus_only]
+  a, b = (np.array(x, np.float64) for x in zip(*pairs))
+  return bootstrap.paired_interval(a, b, scale=100, **kwargs)

@@ -1,12 +1,14 @@
 """The trainer's side of the hand-over: the newest published index, swapped in.
 
-The client looks for a newer index at most every `refresh_interval_steps`
-(times `stale_factor`, the knob of the paper's stale-MIPS ablation: 30 makes
-the index 30x staler), loads it whole, checks it belongs to this corpus and
-model, and only then swaps it in. Until a first index exists it looks at every
-call. Staleness is the trainer step minus the step of the parameters that
-embedded the index. An index the builder prunes while it is listed or loaded
-is skipped (see `steps`): the client keeps the index it has and looks again.
+The client looks for a newer index at every call (every train step): a
+directory listing, cheap beside the step. So an index is swapped in at the
+first step after its publication, however long the builder took; how often
+indexes come, and how stale they are, is the builder's cadence alone (see
+`refresh.run_refresh`). A newer index is loaded whole and checked against this
+corpus and model before it is swapped in. Staleness is the trainer step minus
+the step of the parameters that embedded the index. An index the builder
+prunes while it is listed or loaded is skipped (see `steps`): the client keeps
+the index it has and looks again.
 """
 
 
@@ -23,13 +25,13 @@ class IndexClient:
   """Serves `search` from the newest compatible index of a model_dir."""
 
   def __init__(self, model_dir: str, corpus_metadata: dict, dim: int,
-               refresh_interval_steps: int = 500, stale_factor: int = 1,
                searcher: str = 'exact', devices=None,
-               block_length: int | None = None):
+               block_length: int | None = None, follow: bool = True):
     self.model_dir = model_dir
     self.corpus_metadata = corpus_metadata
     self.dim = dim
-    self.interval = refresh_interval_steps * stale_factor
+    # False: keep the first index for good (fine-tuning's frozen index).
+    self.follow = follow
     self.searcher_kind = searcher
     self.devices = devices
     self.block_length = block_length
@@ -37,7 +39,6 @@ class IndexClient:
     self.index_step: int | None = None
     self.refreshes = 0
     self._manager = None
-    self._last_check: int | None = None
     self._host_embeddings = None
 
   def _newest_step(self) -> int | None:
@@ -49,13 +50,11 @@ class IndexClient:
     published = steps.reload(self._manager)
     return published[-1] if published else None
 
-  def maybe_refresh(self, step: int, force: bool = False) -> bool:
-    """Swaps in a newer index if one is due (or `force`) and published; True
-    if swapped."""
-    if (not force and self.searcher is not None and self._last_check is not None
-        and step - self._last_check < self.interval):
+  def maybe_refresh(self, force: bool = False) -> bool:
+    """Swaps in the newest published index if it is newer than ours; True if
+    swapped. Without `follow`, only the first index (or a `force`d look)."""
+    if not force and not self.follow and self.searcher is not None:
       return False
-    self._last_check = step
     newest = self._newest_step()
     if newest is None or newest == self.index_step:
       return False

@@ -75,6 +75,38 @@ def marginal_token_log_probs(log_p_z, log_p_vocab, candidate_mask):
                           candidate_mask[:, :, None, None], axis=1)
 
 
+def realm_mlm_per_example(scores, candidate_mask, mlm_logits, mlm_targets,
+                          mlm_mask, marginalize: Marginalization = 'per_token'):
+  """Per-example sums of REALM's masked-LM terms (what a paired bootstrap
+  resamples), and the retrieval distribution p(z|x).
+
+  Args: as `realm_mlm_loss`.
+
+  Returns:
+    dict of [batch] arrays: masked_tokens, correct_tokens (argmax of the
+    marginal p(y_j|x) equals y_j), log_likelihood (log p(y|x)) and
+    null_log_likelihood (log p(y|null, x), candidate 0 alone); and p_z
+    [batch, k].
+  """
+  mlm_mask = mlm_mask.astype(bool)
+  log_p_z = candidate_log_probs(scores, candidate_mask)
+  log_p_vocab = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
+  log_p_y_given_z = jnp.take_along_axis(
+      log_p_vocab, mlm_targets[:, None, :, None], axis=-1)[..., 0]
+  marginal_vocab = marginal_token_log_probs(log_p_z, log_p_vocab,
+                                            candidate_mask)
+  correct = (jnp.argmax(marginal_vocab, axis=-1) == mlm_targets) & mlm_mask
+  return {
+      'masked_tokens': jnp.sum(mlm_mask, axis=-1),
+      'correct_tokens': jnp.sum(correct, axis=-1),
+      'log_likelihood': marginal_log_likelihood(log_p_z, log_p_y_given_z,
+                                                mlm_mask, marginalize),
+      'null_log_likelihood': jnp.sum(
+          jnp.where(mlm_mask, log_p_y_given_z[:, 0], 0.0), axis=-1),
+      'p_z': jnp.exp(log_p_z),
+  }
+
+
 def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
                    marginalize: Marginalization = 'per_token'):
   """REALM's masked-LM loss, -log p(y|x) per masked token, and its metrics.
@@ -97,28 +129,18 @@ def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
     retrieval_entropy and retrieval_max_prob of p(z|x), and
     null_document_prob.
   """
-  mlm_mask = mlm_mask.astype(bool)
-  num_tokens = jnp.maximum(jnp.sum(mlm_mask), 1)
-  log_p_z = candidate_log_probs(scores, candidate_mask)
-  log_p_vocab = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
-  log_p_y_given_z = jnp.take_along_axis(
-      log_p_vocab, mlm_targets[:, None, :, None], axis=-1)[..., 0]
-  log_likelihood = marginal_log_likelihood(log_p_z, log_p_y_given_z, mlm_mask,
-                                           marginalize)
-  null_log_likelihood = jnp.sum(
-      jnp.where(mlm_mask, log_p_y_given_z[:, 0], 0.0), axis=-1)
-  loss = -jnp.sum(log_likelihood) / num_tokens
-
-  marginal_vocab = marginal_token_log_probs(log_p_z, log_p_vocab,
-                                            candidate_mask)
-  correct = (jnp.argmax(marginal_vocab, axis=-1) == mlm_targets) & mlm_mask
-  p_z = jnp.exp(log_p_z)
-  entropy = -jnp.sum(p_z * jnp.where(candidate_mask, log_p_z, 0.0), axis=-1)
+  terms = realm_mlm_per_example(scores, candidate_mask, mlm_logits,
+                                mlm_targets, mlm_mask, marginalize)
+  num_tokens = jnp.maximum(jnp.sum(terms['masked_tokens']), 1)
+  loss = -jnp.sum(terms['log_likelihood']) / num_tokens
+  p_z = terms['p_z']
+  entropy = -jnp.sum(jax.scipy.special.xlogy(p_z, p_z), axis=-1)
   metrics = {
       'loss': loss,
       'marginal_log_likelihood': -loss,
-      'masked_token_accuracy': jnp.sum(correct) / num_tokens,
-      'retrieval_utility': jnp.sum(log_likelihood - null_log_likelihood)
+      'masked_token_accuracy': jnp.sum(terms['correct_tokens']) / num_tokens,
+      'retrieval_utility': jnp.sum(terms['log_likelihood']
+                                   - terms['null_log_likelihood'])
                            / num_tokens,
       'retrieval_entropy': jnp.mean(entropy),
       'retrieval_max_prob': jnp.mean(jnp.max(p_z, axis=-1)),

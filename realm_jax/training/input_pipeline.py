@@ -33,7 +33,7 @@ def _fixed(x, shape):
 def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
             batch_size: int, seed: int = 0, shuffle: bool = True,
             num_epochs: int | None = None, skip_batches: int = 0,
-            data_shards: int | None = None
+            data_shards: int | None = None, drop_remainder: bool = True
             ) -> Iterator[dict[str, np.ndarray]]:
   """This process's rows of each global batch of `batch_size` examples.
 
@@ -48,9 +48,14 @@ def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
     skip_batches: global batches already consumed (resume).
     data_shards: disjoint shards of the data (default: one per process);
       a multiple of the process count that divides `batch_size`.
+    drop_remainder: False keeps a short last batch (one data shard only:
+      scoring every held-out example).
   """
   processes = jax.process_count()
   data_shards = data_shards or processes
+  if not drop_remainder and data_shards > 1:
+    raise ValueError('drop_remainder=False needs a single data shard: short '
+                     'last batches of several shards do not line up.')
   if data_shards % processes or batch_size % data_shards:
     raise ValueError(f'data_shards={data_shards} must be a multiple of the '
                      f'{processes} processes and divide batch_size='
@@ -59,7 +64,8 @@ def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
   first = jax.process_index() * mine
   streams = [_shard_batches(task, split, shapes, batch_size // data_shards,
                             seed, shuffle, num_epochs,
-                            seqio.ShardInfo(index, data_shards))
+                            seqio.ShardInfo(index, data_shards),
+                            drop_remainder)
              for index in range(first, first + mine)]
   dataset = streams[0]
   if len(streams) > 1:  # This process's rows: its shards' slices in order.
@@ -70,7 +76,7 @@ def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
 
 
 def _shard_batches(task, split, shapes, rows, seed, shuffle, num_epochs,
-                   shard_info) -> tf.data.Dataset:
+                   shard_info, drop_remainder=True) -> tf.data.Dataset:
   """Batches of `rows` examples from one shard of the task."""
   dataset = seqio.get_mixture_or_task(task).get_dataset(
       # The lengths preprocessors build to (e.g. masked-LM queries).
@@ -87,4 +93,4 @@ def _shard_batches(task, split, shapes, rows, seed, shuffle, num_epochs,
       lambda x: {name: _fixed(x[name], list(shape))
                  for name, shape in shapes.items()},
       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return dataset.batch(rows, drop_remainder=True)
+  return dataset.batch(rows, drop_remainder=drop_remainder)

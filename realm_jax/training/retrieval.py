@@ -45,6 +45,9 @@ class CandidateRetrieval:
     self.corpus_metadata = corpus.load_metadata(corpus_dir)
     self.num_candidates = num_candidates
     self.null_document_first = null_document_first
+    # Blocks fetched from the index per query: 0 when the null document is
+    # the only candidate (the reader without retrieval needs no index).
+    self.fetch = num_candidates - int(null_document_first)
     self.exclude_source = exclude_source
     self.blocks = block_arrays(corpus_dir, max_length=block_length)
     self.null = {k: np.asarray(v) for k, v in null_document(
@@ -105,7 +108,7 @@ class CandidateRetrieval:
     run's index of the step we started from (`warm_start`: its model_dir and
     step; the same parameters embedded it), or else the corpus embedded with
     the current towers, as the index builder would."""
-    self.client.maybe_refresh(step)
+    self.client.maybe_refresh()
     # Publishing is collective: every process follows process 0's view.
     if distributed.agree(self.client.searcher is None):
       embeddings = warm_start and self._warm_start_embeddings(*warm_start)
@@ -114,18 +117,22 @@ class CandidateRetrieval:
                    f'step {warm_start[1]} of {warm_start[0]}')
       else:
         self._publish(step, retriever, retriever_params)
-    self.client.maybe_refresh(step)
+    self.client.maybe_refresh()
     if self.client.searcher is None:
       raise RuntimeError(f'No index in {publication.index_dir(self.model_dir)}'
                          f' after publishing step {step}.')
 
   def index_at(self, step: int, retriever, retriever_params) -> None:
     """Serves the index of exactly `step`, embedding it if none was published
-    (evaluating a retriever, not the stale index it trained with)."""
-    self.client.maybe_refresh(step, force=True)
+    (evaluating a retriever, not the stale index it trained with), and keeps
+    it: a newer index published meanwhile is not swapped in."""
+    self.client.follow = False
+    if not self.fetch:
+      return
+    self.client.maybe_refresh(force=True)
     if distributed.agree(self.client.index_step != step):
       self._publish(step, retriever, retriever_params)
-      self.client.maybe_refresh(step, force=True)
+      self.client.maybe_refresh(force=True)
     if self.client.index_step != step:
       raise RuntimeError(
           f'{publication.index_dir(self.model_dir)} serves step '
@@ -135,17 +142,16 @@ class CandidateRetrieval:
     """[B, k] block ids (NULL_DOCUMENT_ID for none) -> their token arrays."""
     return gather_blocks(self.blocks, np.asarray(ids), self.null, xp=np)
 
-  def candidates(self, query_embeddings, source_ids, step: int):
+  def candidates(self, query_embeddings, source_ids):
     """(blocks [B, k, L] token arrays, candidate_mask [B, k], ids [B, k]).
 
     `source_ids` [B] are the queries' own blocks (the trivial candidates).
     """
-    self.client.maybe_refresh(step)
     exclude = (np.asarray(source_ids) if self.exclude_source else
                np.full(len(query_embeddings), NULL_DOCUMENT_ID))
-    fetch = self.num_candidates - int(self.null_document_first)
-    if fetch:
-      _, ids = self.client.search(query_embeddings, fetch, exclude)
+    if self.fetch:
+      self.client.maybe_refresh()
+      _, ids = self.client.search(query_embeddings, self.fetch, exclude)
     else:  # The null document alone: the reader without retrieval.
       ids = np.zeros((len(query_embeddings), 0), np.int32)
     if self.null_document_first:

@@ -67,6 +67,15 @@ def _bert_warm_start(params, bert_dir: str | None, config):
   return _with_bert(params, bert)
 
 
+def _ict_retriever(params, ict_model_dir: str):
+  """`params` with the retriever of an ICT run's last checkpoint, and that
+  run's (model_dir, step), whose index the new run can start from."""
+  step, ict = checkpoints.restore_params(ict_model_dir)
+  print(f'retriever warm-started from ICT step {step} of {ict_model_dir}',
+        flush=True)
+  return {**params, 'retriever': ict['retriever']}, (ict_model_dir, step)
+
+
 class RunKind:
   """What differs between ICT, pre-training and fine-tuning."""
   task: str
@@ -155,6 +164,8 @@ class _Retrieving(RunKind):
   warm_index: tuple[str, int] | None = None
 
   def start(self, params, step):
+    if not self.retrieval.fetch:
+      return  # The null document alone: no index to read.
     self.retrieval.ensure_index(step, self.retriever, params['retriever'],
                                 self.warm_index if step == 0 else None)
 
@@ -223,6 +234,9 @@ class Pretrain(_Retrieving):
     query_length / max_masked: 96 wordpieces / masked tokens per query.
     block_length: wordpieces read of each candidate block (None: all).
     ict_model_dir: warm-start the retriever from an ICT run's last checkpoint.
+    reader_model_dir: warm-start the reader (BERT and masked-LM head) from
+      another pre-training run's last checkpoint: the paper's reader starts
+      from BERT with its trained MLM head, which MiniLM does not ship.
     bert_dir: BERT weights for the encoder (and the towers without ICT);
       default the embedded MiniLM, '' for none.
     microbatches: slices of the batch trained one at a time (memory).
@@ -234,9 +248,11 @@ class Pretrain(_Retrieving):
                marginalize: losses.Marginalization = 'per_token',
                query_length: int = 96, max_masked: int = 20,
                block_length: int | None = None,
-               ict_model_dir: str | None = None, bert_dir: str | None = None,
-               microbatches: int = 1):
+               ict_model_dir: str | None = None,
+               reader_model_dir: str | None = None,
+               bert_dir: str | None = None, microbatches: int = 1):
     self.corpus_name, self.microbatches = corpus_name, microbatches
+    self.reader_model_dir = reader_model_dir
     self.task = f'realm_pretrain_{corpus_name}_{masking}'
     self.eval_split = 'validation'
     self.shapes = {'query_token_ids': (query_length,),
@@ -268,11 +284,16 @@ class Pretrain(_Retrieving):
     params = _bert_warm_start(params, self.bert_dir,
                               self.model.reader_config)
     if self.ict_model_dir:
-      step, ict = checkpoints.restore_params(self.ict_model_dir)
-      params = {**params, 'retriever': ict['retriever']}
-      self.warm_index = (self.ict_model_dir, step)
-      print(f'retriever warm-started from ICT step {step} of '
-            f'{self.ict_model_dir}', flush=True)
+      params, self.warm_index = _ict_retriever(params, self.ict_model_dir)
+    if self.reader_model_dir:
+      step, restored = checkpoints.restore_params(self.reader_model_dir)
+      if 'reader' not in restored:
+        raise ValueError(f'Pretrain.reader_model_dir='
+                         f'{self.reader_model_dir!r}: its step {step} has no '
+                         'reader_params (an ICT run?).')
+      params = {**params, 'reader': restored['reader']}
+      print(f'reader warm-started from step {step} of '
+            f'{self.reader_model_dir}', flush=True)
     return params
 
   def prepare(self, examples, params, step):
@@ -283,7 +304,7 @@ class Pretrain(_Retrieving):
                        f'query (Pretrain.query_length) in {self.task}: its '
                        'masking made longer queries.')
     blocks, mask, _ = self.retrieval.candidates(
-        self.query_embeddings(params, query), examples['block_id'], step)
+        self.query_embeddings(params, query), examples['block_id'])
     targets = np.asarray(examples['mlm_targets'], np.int32)
     return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
             'mlm_positions': np.asarray(examples['mlm_positions'], np.int32),
@@ -291,14 +312,22 @@ class Pretrain(_Retrieving):
             'mlm_mask': (targets != 0).astype(np.int32)}, {
                 'index_staleness': self.retrieval.client.staleness(step)}
 
-  def loss(self, params, inputs, rng, deterministic):
+  def _outputs(self, params, inputs, rng, deterministic):
     scores, logits = self.model.apply(
         {'params': params}, inputs['query'], inputs['candidates'],
         inputs['mlm_positions'], deterministic, rngs={'dropout': rng},
         method='pretrain')
-    return losses.realm_mlm_loss(scores, inputs['candidate_mask'], logits,
-                                 inputs['mlm_targets'], inputs['mlm_mask'],
-                                 self.marginalize)
+    return (scores, inputs['candidate_mask'], logits, inputs['mlm_targets'],
+            inputs['mlm_mask'], self.marginalize)
+
+  def loss(self, params, inputs, rng, deterministic):
+    return losses.realm_mlm_loss(*self._outputs(params, inputs, rng,
+                                                deterministic))
+
+  def per_example(self, params, inputs):
+    """Held-out terms of each query (see `losses.realm_mlm_per_example`)."""
+    return losses.realm_mlm_per_example(*self._outputs(
+        params, inputs, jax.random.PRNGKey(0), True))
 
   def start(self, params, step):
     # A resumed or extended run: the index builder must keep going.
@@ -322,6 +351,9 @@ class Finetune(_Retrieving):
     block_length: wordpieces read of each candidate block (None: all).
     pretrain_model_dir: warm start from a pre-training run's last checkpoint
       (retriever and reader); without it, BERT weights.
+    ict_model_dir: without a pre-training run, the retriever from an ICT
+      run's last checkpoint and the reader from BERT: ORQA, the paper's
+      baseline.
     microbatches: slices of the batch trained one at a time (memory).
   """
 
@@ -330,8 +362,14 @@ class Finetune(_Retrieving):
                max_answers: int = 8, max_answer_length: int = 16,
                block_length: int | None = None,
                pretrain_model_dir: str | None = None,
+               ict_model_dir: str | None = None,
                bert_dir: str | None = None, microbatches: int = 1):
+    if pretrain_model_dir and ict_model_dir:
+      raise ValueError('Finetune starts from a pre-training run '
+                       '(pretrain_model_dir) or from an ICT retriever '
+                       '(ict_model_dir), not both.')
     self.task, self.corpus_name = benchmark, corpus_name
+    self.ict_model_dir = ict_model_dir
     self.microbatches = microbatches
     self.eval_split = 'test'
     self.shapes = {'query_token_ids': (query_length,),
@@ -346,7 +384,7 @@ class Finetune(_Retrieving):
                           null_document_first=False, exclude_source=False,
                           block_length=self.block_length)
     # The index is built once from the starting document tower, never again.
-    self.retrieval.client.interval = np.iinfo(np.int64).max
+    self.retrieval.client.follow = False
     if self.retrieval.client.searcher_kind != 'exact':
       raise ValueError(
           "Fine-tuning reads the index's document embeddings, which only the "
@@ -367,7 +405,11 @@ class Finetune(_Retrieving):
 
   def warm_start(self, params):
     if not self.pretrain_model_dir:
-      return _bert_warm_start(params, self.bert_dir, self.model.reader_config)
+      params = _bert_warm_start(params, self.bert_dir,
+                                self.model.reader_config)
+      if self.ict_model_dir:
+        params, self.warm_index = _ict_retriever(params, self.ict_model_dir)
+      return params
     step, restored = checkpoints.restore_params(self.pretrain_model_dir)
     if 'reader' not in restored:
       raise ValueError(
@@ -389,10 +431,11 @@ class Finetune(_Retrieving):
     return frozen
 
   def prepare(self, examples, params, step):
+    del step  # The index stays the one fine-tuning started with.
     query = token_arrays(examples['query_token_ids'])
     blocks, mask, ids = self.retrieval.candidates(
         self.query_embeddings(params, query),
-        np.full(len(query['token_ids']), -1), step)
+        np.full(len(query['token_ids']), -1))
     answers = np.asarray(examples['answer_token_ids'], np.int32)
     return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
             'candidate_embeddings': self.retrieval.client.document_embeddings(
