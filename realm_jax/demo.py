@@ -92,9 +92,9 @@ def machine() -> dict:
     times.append(time.perf_counter() - start)
   model = platform.processor() or platform.machine()
   try:
-    with open('/proc/cpuinfo') as f:
-      model = next(line.split(':', 1)[1].strip() for line in f
-                   if line.startswith('model name'))
+    model = next(line.split(':', 1)[1].strip() for line in
+                 epath.Path('/proc/cpuinfo').read_text().splitlines()
+                 if line.startswith('model name'))
   except (OSError, StopIteration):
     pass
   return {'cpu': model, 'cores': os.cpu_count(),
@@ -357,7 +357,7 @@ def _f(value, digits: int = 1) -> str:
   return '-' if value is None else f'{value:.{digits}f}'
 
 
-def _row(label: str, interval: dict | None, paper: str, digits: int = 1,
+def _row(label: str, interval: dict | None, paper: str, digits: int = 2,
          goal: float | None = None) -> str:
   """| comparison | A | B | A - B [95% interval] | paper | verdict |"""
   if interval is None:
@@ -401,7 +401,7 @@ def markdown(results: dict) -> str:
       _row('held-out masked accuracy (%), REALM vs the trained no-retrieval '
            'baseline', c('masked_lm', 'realm_vs_baseline',
                          'masked_token_accuracy'), 'not reported', goal=3),
-      _row('held-out log p(y|x) per masked token (nats), REALM vs the '
+      _row('held-out log p(y\\|x) per masked token (nats), REALM vs the '
            'baseline', c('masked_lm', 'realm_vs_baseline', 'log_likelihood'),
            'not reported', 3),
       _row('held-out masked accuracy (%), REALM vs its reader with the null '
@@ -465,11 +465,8 @@ def markdown(results: dict) -> str:
 
 
 def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
-  """results.json, RESULTS.md and the pre-training curves in work_dir; from
-  a source tree also docs/results/<preset>.json and .md."""
-  curves.plot_curves(
-      os.path.join(work_dir, 'realm', 'train_metrics.jsonl'),
-      os.path.join(work_dir, 'pretrain_curves.png'))
+  """results.json, RESULTS.md and pretrain_curves.png in work_dir; from a
+  source tree also docs/results/<preset>.json, .md and _curves.png."""
   text = markdown(results)
   outputs = [epath.Path(work_dir)]
   docs = epath.Path(docs_dir or os.path.join(
@@ -483,4 +480,8 @@ def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
     (out / f'{name}.json').write_text(json.dumps(results, indent=2))
     (out / ('RESULTS.md' if out == outputs[0] else f'{preset}.md')
      ).write_text(text)
+    curves.plot_curves(
+        os.path.join(work_dir, 'realm', 'train_metrics.jsonl'),
+        os.fspath(out / ('pretrain' if out == outputs[0] else preset)) +
+        '_curves.png')
   print('\n' + text)

@@ -32,7 +32,7 @@ def test_results_table_states_every_interval_and_what_did_not_run():
                          'max_index_staleness': 30, 'index_steps_kept': [90]},
       'timings': {'corpus': 90.0, 'pretrain_realm': 200.0}}
   text = demo.markdown(results)
-  assert '| 25.0 | 12.5 | +12.5 [+11.5, +13.5] |' in text
+  assert '| 25.00 | 12.50 | +12.50 [+11.50, +13.50] |' in text
   assert 'interval excludes 0; goal met' in text
   assert '| -7.000 | -7.500 | +0.500 [-0.500, +1.500] |' in text
   assert 'inside the noise: interval includes 0' in text

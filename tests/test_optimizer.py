@@ -62,3 +62,27 @@ def test_frozen_parameters_never_move(tiny_config):
   updates, _ = tx.update(grads, tx.init(params), params)
   assert np.all(np.asarray(updates['document']) == 0)
   assert np.all(np.asarray(updates['query']) < 0)
+
+
+def test_the_retriever_can_learn_slower_than_the_reader():
+  params = {'retriever': {'kernel': jnp.ones((2, 2))},
+            'reader': {'kernel': jnp.ones((2, 2))}}
+  grads = jax.tree.map(jnp.ones_like, params)
+  make = lambda scale: optimizer.bert_adamw(
+      learning_rate=0.1, warmup_steps=0, total_steps=10,
+      retriever_learning_rate_scale=scale)[0]
+  full, slow = make(1.0), make(0.1)
+  full_updates, _ = full.update(grads, full.init(params), params)
+  slow_updates, _ = slow.update(grads, slow.init(params), params)
+  np.testing.assert_allclose(slow_updates['retriever']['kernel'],
+                             0.1 * np.asarray(full_updates['retriever']
+                                              ['kernel']), rtol=1e-6)
+  np.testing.assert_array_equal(slow_updates['reader']['kernel'],
+                                full_updates['reader']['kernel'])
+  # ICT's runs have no reader: their retriever is the model, left alone.
+  ict = {'retriever': params['retriever']}
+  ict_grads = {'retriever': grads['retriever']}
+  ict_slow, _ = slow.update(ict_grads, slow.init(ict), ict)
+  ict_full, _ = full.update(ict_grads, full.init(ict), ict)
+  np.testing.assert_array_equal(ict_slow['retriever']['kernel'],
+                                ict_full['retriever']['kernel'])
