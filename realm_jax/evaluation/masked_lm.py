@@ -93,8 +93,8 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
       shuffle=False, num_epochs=1, drop_remainder=False):
     count = len(examples['block_id'])
     # One shape for every batch: zero rows (no masked token) pad the last.
-    padded = {k: np.concatenate([v, np.zeros((batch_size - count,) + v.shape[1:],
-                                              v.dtype)])
+    padded = {k: np.concatenate([v, np.zeros(
+        (batch_size - count, *v.shape[1:]), v.dtype)])
               for k, v in examples.items()}
     inputs, _ = run.prepare(padded, restored.params, restored.step)
     terms = jax.device_get(per_example(
@@ -152,9 +152,11 @@ def compare(rows_a: list[dict], rows_b: list[dict], **kwargs) -> dict:
   interval: accuracy in points, log-likelihood in nats per masked token."""
   keys_a, keys_b = [r['key'] for r in rows_a], [r['key'] for r in rows_b]
   if keys_a != keys_b:
+    first = next((i for i, (x, y) in enumerate(zip(keys_a, keys_b))
+                  if x != y), min(len(keys_a), len(keys_b)))
     raise ValueError(f'The two evaluations scored different queries '
-                     f'({len(keys_a)} and {len(keys_b)}; first difference '
-                     f'at {next((i for i, (x, y) in enumerate(zip(keys_a, keys_b)) if x != y), min(len(keys_a), len(keys_b)))}).')
+                     f'({len(keys_a)} and {len(keys_b)}; the first difference '
+                     f'is query {first}).')
   column = lambda rows, t: np.array([r[t] for r in rows])
   tokens = column(rows_a, 'masked_tokens')
   return {
