@@ -213,11 +213,10 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
           'max_index_staleness': max(staleness) if staleness else None}
 
 
-def score_masked_lm(model_dir: str, output_dir: str, name: str,
-                    *bindings: str) -> dict:
-  # The run's own config.gin, and nothing layered over it but `bindings`:
-  # the setup file would bring back the 4 candidates the baseline never had.
-  return masked_lm.evaluate(model_dir, output_dir, name, (), bindings)
+def score_masked_lm(model_dir: str, output_dir: str, name: str) -> dict:
+  # The run's own config.gin alone: the setup file would bring back the 4
+  # candidates the baseline never had.
+  return masked_lm.evaluate(model_dir, output_dir, name)
 
 
 def finetune(model_dir: str, num_steps: int, warm_start: str) -> None:
@@ -254,9 +253,14 @@ def _qa_data() -> str | None:
 
 
 def _masked_lm_comparisons(eval_dir: str, pairs) -> dict:
+  """Each pair, and REALM against its own reader with the null document
+  alone (the same pass scored both)."""
   rows = lambda name: masked_lm.read_queries(eval_dir, name)
-  return {f'{a}_vs_{b}': masked_lm.compare(rows(a), rows(b))
-          for a, b in pairs}
+  out = {f'{a}_vs_{b}': masked_lm.compare(rows(a), rows(b))
+         for a, b in pairs}
+  out['realm_vs_realm_null_document'] = masked_lm.compare(
+      rows('realm'), masked_lm.null_document(rows('realm')))
+  return out
 
 
 def _recall_comparisons(eval_dir: str, pairs) -> dict:
@@ -313,13 +317,10 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
     results[f'pretrain_{name}'] = stage(
         f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
         *bindings, with_refresh=name != 'baseline')
-  scored = {name: (name,) for name in runs}
-  scored['realm_null_document'] = ('realm', 'Pretrain.num_candidates = 1')
   results['masked_lm'] = {
-      name: stage(f'masked_lm_{name}', score_masked_lm, d(model),
-                  d('eval'), name, *bindings)
-      for name, (model, *bindings) in scored.items()}
-  pairs = [('realm', 'baseline'), ('realm', 'realm_null_document')]
+      name: stage(f'masked_lm_{name}', score_masked_lm, d(name), d('eval'),
+                  name) for name in runs}
+  pairs = [('realm', 'baseline')]
   if sizes.ablations:
     pairs += [('realm', 'stale'), ('realm', 'random_span')]
   comparisons = {'masked_lm': _masked_lm_comparisons(d('eval'), pairs)}

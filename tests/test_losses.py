@@ -164,6 +164,10 @@ def test_per_example_terms_are_what_the_batch_metrics_sum():
   np.testing.assert_allclose(
       np.sum(terms['log_likelihood'] - terms['null_log_likelihood']) / tokens,
       metrics['retrieval_utility'], rtol=1e-5)
+  # The null document read alone: candidate 0's own argmax.
+  null_correct = (np.argmax(logits[:, 0], -1) == targets) & (target_mask > 0)
+  np.testing.assert_array_equal(terms['null_correct_tokens'],
+                                null_correct.sum(-1))
   # Query 0's terms do not depend on query 1's inputs.
   shifted = scores.copy()
   shifted[1] += np.arange(scores.shape[1])

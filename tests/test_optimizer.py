@@ -86,3 +86,19 @@ def test_the_retriever_can_learn_slower_than_the_reader():
   ict_full, _ = full.update(ict_grads, full.init(ict), ict)
   np.testing.assert_array_equal(ict_slow['retriever']['kernel'],
                                 ict_full['retriever']['kernel'])
+
+
+def test_the_retriever_can_wait_for_the_reader():
+  params = {'retriever': {'kernel': jnp.ones((2, 2))},
+            'reader': {'kernel': jnp.ones((2, 2))}}
+  grads = jax.tree.map(jnp.ones_like, params)
+  tx = optimizer.bert_adamw(learning_rate=0.1, warmup_steps=0,
+                            total_steps=10, retriever_frozen_steps=2)[0]
+  state = tx.init(params)
+  moved = []
+  for _ in range(3):
+    updates, state = tx.update(grads, state, params)
+    moved.append((bool(np.any(np.asarray(updates['retriever']['kernel']))),
+                  bool(np.all(np.asarray(updates['reader']['kernel']) < 0))))
+  # Steps 0 and 1 train the reader alone; step 2 trains both.
+  assert moved == [(False, True), (False, True), (True, True)]

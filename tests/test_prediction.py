@@ -94,6 +94,13 @@ def test_masked_lm_eval_with_and_without_retrieval(tmp_path):
       alone['loss'] - realm['loss'], abs=1e-9)
   with pytest.raises(ValueError, match='different queries'):
     masked_lm.compare(rows_realm, rows_alone[1:])
+  # The null document's terms, scored in REALM's own pass, are those of
+  # the same reader run with the null document alone.
+  for own, separate in zip(masked_lm.null_document(rows_realm), rows_alone):
+    assert own['correct_tokens'] == separate['correct_tokens']
+    assert own['log_likelihood'] == pytest.approx(separate['log_likelihood'],
+                                                  rel=1e-4, abs=1e-4)
+  assert realm['null_document_accuracy'] == alone['masked_token_accuracy']
 
 
 def test_span_retrieved_finds_the_masked_span_verbatim_in_a_candidate():

@@ -178,3 +178,51 @@ def test_minilm_cut_to_two_layers_needs_mean_pooling(minilm_dir, tokenizer,
   e = e / np.linalg.norm(e, axis=-1, keepdims=True)
   cosine = (e @ e.T)[~np.eye(len(texts), dtype=bool)]
   assert (cosine.max() < 0.95) == spread, cosine
+
+
+def test_retrieval_temperature_divides_every_score(tiny_config):
+  rng = np.random.default_rng(3)
+  query = _tokens(rng, (2, 6))
+  candidates = _tokens(rng, (2, 4, 8), length=7)
+  frozen = rng.standard_normal((2, 4, 16)).astype(np.float32)
+  positions = np.array([[1], [2]], np.int32)
+  make = lambda tau: Realm(tiny_config, tiny_config, projection_size=16,
+                           reader_length=12, max_span_width=3,
+                           retrieval_temperature=tau)
+  params = nn.meta.unbox(make(1.0).init(jax.random.key(0), query, candidates,
+                                        positions))
+  scores = {tau: (make(tau).apply(params, query, candidates, positions,
+                                  method='pretrain')[0],
+                  make(tau).apply(params, query, candidates, frozen,
+                                  method='read_spans')[0])
+            for tau in (1.0, 4.0)}
+  for raw, cooled in zip(scores[1.0], scores[4.0]):
+    np.testing.assert_allclose(cooled, raw / 4.0, rtol=1e-6)
+    # The same ranking: the index and its search do not change.
+    np.testing.assert_array_equal(np.argsort(cooled), np.argsort(raw))
+  with pytest.raises(ValueError, match='retrieval_temperature=0'):
+    make(0.0).init(jax.random.key(0), query, candidates, positions)
+
+
+def test_one_candidate_skips_the_towers(tiny_config):
+  """The no-retrieval baseline's p(z|x) is 1 for its single candidate: the
+  loss is the same without running the towers."""
+  from realm_jax.models import losses  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(4)
+  query = _tokens(rng, (2, 6))
+  candidates = _tokens(rng, (2, 1, 8), length=7)
+  positions = np.array([[1, 2], [2, 3]], np.int32)
+  targets = rng.integers(5, 64, (2, 2)).astype(np.int32)
+  model = Realm(tiny_config, tiny_config, projection_size=16,
+                reader_length=12, max_span_width=3)
+  params = nn.meta.unbox(model.init(jax.random.key(0), query, candidates,
+                                    positions))
+  scores, logits = model.apply(params, query, candidates, positions,
+                               method='pretrain')
+  np.testing.assert_array_equal(scores, np.zeros((2, 1)))
+  towers = model.apply(params, query, candidates, method='relevance')
+  assert np.all(np.abs(np.asarray(towers)) > 0)
+  ones = np.ones((2, 1), bool)
+  loss = lambda s: losses.realm_mlm_loss(s, ones, logits, targets,
+                                         np.ones((2, 2), np.int32))[0]
+  np.testing.assert_allclose(loss(scores), loss(towers), rtol=1e-6)

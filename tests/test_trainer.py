@@ -98,6 +98,32 @@ def test_sharded_step_equals_single_device_step(tmp_path):
                                  for g in jax.tree.leaves(grads))
 
 
+def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
+  _bind_tiny()
+  trainer = Trainer(run_kinds.Pretrain(num_candidates=1, query_length=32,
+                                       bert_dir='', source_block_rate=0.5),
+                    str(tmp_path), partitioning.make_mesh(), 10)
+  state = trainer.initial_state()
+  trainer.run.start(state.params, 0)  # No index: none is built.
+  examples = next(input_pipeline.batches(trainer.run.task, 'train',
+                                         trainer.run.shapes, 8))
+  read = []
+  for step in range(4):
+    inputs, _ = trainer.run.prepare(examples, state.params, step)
+    blocks = trainer.run.retrieval.blocks_of(examples['block_id'][:, None])
+    own = np.all(inputs['candidates']['token_ids']
+                 == blocks['token_ids'], axis=(1, 2))
+    null = inputs['candidates']['input_mask'].sum(axis=(1, 2)) == 3
+    assert np.all(own ^ null) and np.all(inputs['candidate_mask'])
+    read.append(own)
+  assert 8 <= np.sum(read) <= 24  # Half of 32 queries, give or take.
+  again, _ = trainer.run.prepare(examples, state.params, 3)
+  np.testing.assert_array_equal(again['candidates']['token_ids'],
+                                inputs['candidates']['token_ids'])
+  with pytest.raises(ValueError, match='num_candidates = 1'):
+    run_kinds.Pretrain(num_candidates=4, source_block_rate=0.5)
+
+
 def test_bf16_compute_keeps_fp32_parameters_and_loss(tmp_path):
   _bind_tiny("BertConfig.dtype = 'bfloat16'")
   trainer = Trainer(run_kinds.Ict(block_length=32, bert_dir=''), str(tmp_path),

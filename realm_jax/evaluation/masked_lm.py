@@ -4,9 +4,9 @@ The paper's pre-training claim at small scale: the same reader, with and
 without retrieved documents. Every salient span of every held-out block is
 masked once (the task `realm_pretrain_<corpus>_every_salient_span`), so every
 model is scored on the same queries, and each query's terms are kept for a
-paired bootstrap against another model (`compare`). Layer
-`Pretrain.num_candidates = 1` over the run's config to read the null document
-alone (no retrieval).
+paired bootstrap against another model (`compare`). Each row also
+holds the terms of the same reader reading the null document alone
+(`null_document`), the paper's no-retrieval ablation, from the same pass.
 """
 
 import hashlib
@@ -25,7 +25,7 @@ from realm_jax.progress import Progress
 from realm_jax.training import input_pipeline, partitioning, run_kinds
 
 TERMS = ('masked_tokens', 'correct_tokens', 'log_likelihood',
-         'null_log_likelihood')
+         'null_correct_tokens', 'null_log_likelihood')
 
 
 def held_out_task(corpus_name: str) -> str:
@@ -123,11 +123,12 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
 
 def summarize(rows: list[dict]) -> dict:
   """Per-masked-token metrics of the scored queries."""
-  total = {t: sum(r[t] for r in rows) for t in TERMS}
+  total = {t: sum(r.get(t, 0) for r in rows) for t in TERMS}
   tokens = max(total['masked_tokens'], 1)
   summary = {
       'queries': len(rows), 'masked_tokens': int(total['masked_tokens']),
       'masked_token_accuracy': total['correct_tokens'] / tokens,
+      'null_document_accuracy': total['null_correct_tokens'] / tokens,
       'loss': -total['log_likelihood'] / tokens,
       'retrieval_utility': (total['log_likelihood']
                             - total['null_log_likelihood']) / tokens,
@@ -145,6 +146,14 @@ def summarize(rows: list[dict]) -> dict:
 def read_queries(output_dir: str, name: str) -> list[dict]:
   path = epath.Path(output_dir) / f'{name}_queries.jsonl'
   return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def null_document(rows: list[dict]) -> list[dict]:
+  """The same queries as read by the same reader with the null document
+  alone: rows to `compare` a model against its own no-retrieval ablation."""
+  return [{'key': r['key'], 'masked_tokens': r['masked_tokens'],
+           'correct_tokens': r['null_correct_tokens'],
+           'log_likelihood': r['null_log_likelihood']} for r in rows]
 
 
 def compare(rows_a: list[dict], rows_b: list[dict], **kwargs) -> dict:

@@ -84,9 +84,9 @@ def realm_mlm_per_example(scores, candidate_mask, mlm_logits, mlm_targets,
 
   Returns:
     dict of [batch] arrays: masked_tokens, correct_tokens (argmax of the
-    marginal p(y_j|x) equals y_j), log_likelihood (log p(y|x)) and
-    null_log_likelihood (log p(y|null, x), candidate 0 alone); and p_z
-    [batch, k].
+    marginal p(y_j|x) equals y_j), log_likelihood (log p(y|x)),
+    null_log_likelihood and null_correct_tokens (the same, reading the null
+    document, candidate 0, alone); and p_z [batch, k].
   """
   mlm_mask = mlm_mask.astype(bool)
   log_p_z = candidate_log_probs(scores, candidate_mask)
@@ -95,10 +95,12 @@ def realm_mlm_per_example(scores, candidate_mask, mlm_logits, mlm_targets,
       log_p_vocab, mlm_targets[:, None, :, None], axis=-1)[..., 0]
   marginal_vocab = marginal_token_log_probs(log_p_z, log_p_vocab,
                                             candidate_mask)
-  correct = (jnp.argmax(marginal_vocab, axis=-1) == mlm_targets) & mlm_mask
+  correct = lambda log_p: jnp.sum(
+      (jnp.argmax(log_p, axis=-1) == mlm_targets) & mlm_mask, axis=-1)
   return {
       'masked_tokens': jnp.sum(mlm_mask, axis=-1),
-      'correct_tokens': jnp.sum(correct, axis=-1),
+      'correct_tokens': correct(marginal_vocab),
+      'null_correct_tokens': correct(log_p_vocab[:, 0]),
       'log_likelihood': marginal_log_likelihood(log_p_z, log_p_y_given_z,
                                                 mlm_mask, marginalize),
       'null_log_likelihood': jnp.sum(

@@ -7,6 +7,7 @@ reaches the document tower even though the index that found them is stale.
 """
 
 import gin
+import jax.numpy as jnp
 from flax import linen as nn
 
 from realm_jax.models.bert import BertConfig
@@ -29,6 +30,10 @@ class Realm(nn.Module):
     include_title: the reader also reads z's title.
     span_projection_size: ORQA's start/end projection size (256).
     max_span_width: longest answer span in tokens (10).
+    retrieval_temperature: tau in p(z|x) = softmax_z f(x, z) / tau. 1 is the
+      paper's raw inner product; sqrt(projection_size) is EMDR2's score
+      scaling. The ranking, hence the index and its search, is the same for
+      every tau; only p(z|x) and its gradient r(z) spread or sharpen.
   """
   retriever_config: BertConfig
   reader_config: BertConfig
@@ -39,20 +44,36 @@ class Realm(nn.Module):
   include_title: bool = False
   span_projection_size: int = 256
   max_span_width: int = 10
+  retrieval_temperature: float = 1.0
 
   def setup(self):
+    if not self.retrieval_temperature > 0:
+      raise ValueError(f'build_realm.retrieval_temperature='
+                       f'{self.retrieval_temperature}; expected > 0.')
     self.retriever = Retriever(self.retriever_config, self.projection_size,
                                self.share_towers, self.retriever_pooling)
     self.reader = KnowledgeAugmentedEncoder(
         self.reader_config, self.span_projection_size, self.max_span_width)
+
+  def relevance(self, query, candidates, deterministic=True):
+    """f(x, z) / tau [batch, k], the candidates embedded afresh."""
+    return self.retriever(query, candidates,
+                          deterministic) / self.retrieval_temperature
 
   def reader_inputs(self, query, candidates):
     return join_query_and_blocks(query, candidates, self.reader_length,
                                  self.include_title)
 
   def pretrain(self, query, candidates, mlm_positions, deterministic=True):
-    """Masked LM: (f(x, z) [batch, k], logits [batch, k, M, vocab])."""
-    scores = self.retriever(query, candidates, deterministic)
+    """Masked LM: (f(x, z) / tau [batch, k], logits [batch, k, M, vocab]).
+
+    With one candidate (the null document alone: the no-retrieval baseline)
+    p(z|x) = 1 whatever f(x, z) is, so the towers are skipped and f is 0.
+    """
+    if candidates['token_ids'].shape[1] == 1:
+      scores = jnp.zeros(candidates['token_ids'].shape[:2], jnp.float32)
+    else:
+      scores = self.relevance(query, candidates, deterministic)
     logits = self.reader.masked_lm_logits(
         self.reader_inputs(query, candidates), mlm_positions, deterministic)
     return scores, logits
@@ -61,19 +82,20 @@ class Realm(nn.Module):
                  deterministic=True):
     """Open-QA with frozen document embeddings (taken from the index).
 
-    Returns (f(x, z) [batch, k], span logits [batch, k, L, W], the reader
+    Returns (f(x, z) / tau [batch, k], span logits [batch, k, L, W], the reader
     inputs, whose `block_mask` locates z for span masks and gold spans).
     """
     query_embedding = self.retriever.embed_query(
         query['token_ids'], query['input_mask'], query['token_type_ids'],
         deterministic)
     inputs = self.reader_inputs(query, candidates)
-    return (relevance(query_embedding, candidate_embeddings),
+    return (relevance(query_embedding, candidate_embeddings)
+            / self.retrieval_temperature,
             self.reader.span_logits(inputs, deterministic), inputs)
 
   def __call__(self, query, candidates, mlm_positions, deterministic=True):
     """Every parameter, for init: both towers and both reader heads."""
-    scores = self.retriever(query, candidates, deterministic)
+    scores = self.relevance(query, candidates, deterministic)
     logits, spans = self.reader(self.reader_inputs(query, candidates),
                                 mlm_positions, deterministic)
     return scores, logits, spans

@@ -6,6 +6,7 @@ parameters or biases, as in BERT's `AdamWeightDecayOptimizer`.
 
 import gin
 import jax
+import jax.numpy as jnp
 import optax
 
 _NO_DECAY = ('bias', 'scale', 'output_bias')
@@ -34,7 +35,8 @@ def bert_adamw(learning_rate: float = 3e-5, warmup_steps: int = 10_000,
                total_steps: int = 200_000, weight_decay: float = 0.01,
                clip_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
                eps: float = 1e-6, frozen=None,
-               retriever_learning_rate_scale: float = 1.0
+               retriever_learning_rate_scale: float = 1.0,
+               retriever_frozen_steps: int = 0
                ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """(AdamW, its schedule); the paper's pre-training defaults.
 
@@ -43,19 +45,24 @@ def bert_adamw(learning_rate: float = 3e-5, warmup_steps: int = 10_000,
   `retriever_learning_rate_scale` multiplies the updates of the 'retriever'
   parameters (both towers) of a run with a reader: the paper trains both at
   one rate; Atlas trains its retriever 10x slower (0.1). ICT, which has no
-  reader, is left alone.
+  reader, is left alone. `retriever_frozen_steps` holds those parameters
+  still for the first steps (a reader-first curriculum, Atlas's
+  `freeze_retriever_steps`): the reader learns to use a fixed retriever's
+  blocks before r(z) moves the towers.
   """
   schedule = bert_schedule(learning_rate, warmup_steps, total_steps)
   tx = optax.chain(
       optax.clip_by_global_norm(clip_norm),
       optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                   mask=decay_mask))
-  if retriever_learning_rate_scale != 1.0:
+  if retriever_learning_rate_scale != 1.0 or retriever_frozen_steps:
     retriever = lambda params: {
         name: jax.tree.map(lambda _: name == 'retriever' and 'reader' in
                            params, tree) for name, tree in params.items()}
-    tx = optax.chain(tx, optax.masked(
-        optax.scale(retriever_learning_rate_scale), retriever))
+    scale = lambda step: jnp.where(step < retriever_frozen_steps, 0.0,
+                                   retriever_learning_rate_scale)
+    tx = optax.chain(tx, optax.masked(optax.scale_by_schedule(scale),
+                                      retriever))
   if frozen is not None:
     labels = lambda params: jax.tree.map(
         lambda f: 'frozen' if f else 'trained', frozen(params))

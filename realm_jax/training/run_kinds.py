@@ -19,6 +19,7 @@ from realm_jax.data import corpus
 from realm_jax.index import publication
 from realm_jax.index.refresh import model_retriever
 from realm_jax.models import losses, pretrained
+from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import gold_span_mask, span_mask
 from realm_jax.models.realm import Realm, build_realm
 from realm_jax.training import checkpoints, partitioning
@@ -240,6 +241,10 @@ class Pretrain(_Retrieving):
     bert_dir: BERT weights for the encoder (and the towers without ICT);
       default the embedded MiniLM, '' for none.
     microbatches: slices of the batch trained one at a time (memory).
+    source_block_rate: with num_candidates = 1, the share of queries that
+      read their own block (the trivial candidate REALM excludes, section
+      3.4) instead of the null document: a reader warm start that learns to
+      copy a span from the text it reads as well as to predict without it.
   """
 
   def __init__(self, corpus_name: str = 'wiki_leads', masking: str = 'salient',
@@ -250,9 +255,15 @@ class Pretrain(_Retrieving):
                block_length: int | None = None,
                ict_model_dir: str | None = None,
                reader_model_dir: str | None = None,
-               bert_dir: str | None = None, microbatches: int = 1):
+               bert_dir: str | None = None, microbatches: int = 1,
+               source_block_rate: float = 0.0):
+    if source_block_rate and num_candidates != 1:
+      raise ValueError(f'Pretrain.source_block_rate={source_block_rate} '
+                       'needs Pretrain.num_candidates = 1 (a reader warm '
+                       f'start), not {num_candidates}.')
     self.corpus_name, self.microbatches = corpus_name, microbatches
     self.reader_model_dir = reader_model_dir
+    self.source_block_rate = source_block_rate
     self.task = f'realm_pretrain_{corpus_name}_{masking}'
     self.eval_split = 'validation'
     self.shapes = {'query_token_ids': (query_length,),
@@ -303,8 +314,15 @@ class Pretrain(_Retrieving):
       raise ValueError(f'A masked position lies past the {length}-wordpiece '
                        f'query (Pretrain.query_length) in {self.task}: its '
                        'masking made longer queries.')
-    blocks, mask, _ = self.retrieval.candidates(
-        self.query_embeddings(params, query), examples['block_id'])
+    if self.source_block_rate:
+      # Seeded by the step: a resumed run reads what it would have read.
+      source = np.random.default_rng(step).random(len(examples['block_id']))
+      ids = np.where(source < self.source_block_rate, examples['block_id'],
+                     NULL_DOCUMENT_ID)[:, None]
+      blocks, mask = self.retrieval.blocks_of(ids), np.ones(ids.shape, bool)
+    else:
+      blocks, mask, _ = self.retrieval.candidates(
+          self.query_embeddings(params, query), examples['block_id'])
     targets = np.asarray(examples['mlm_targets'], np.int32)
     return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
             'mlm_positions': np.asarray(examples['mlm_positions'], np.int32),
