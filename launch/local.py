@@ -20,8 +20,10 @@ import contextlib
 import dataclasses
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 TRAIN_LOG, REFRESH_LOG = 'train.log', 'refresh.log'
@@ -94,6 +96,11 @@ def _stop(process: subprocess.Popen, grace_seconds: float = 10) -> None:
       process.wait()
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+  del frame
+  raise SystemExit(128 + signum)
+
+
 def _exit_report(job: Job, code: int) -> str:
   """'NAME failed (why); see LOG, which ends:' and the log's last lines."""
   why = (f'killed by signal {-code}' if code < 0 else f'exit code {code}')
@@ -137,9 +144,13 @@ def run_beside(main: Job, beside: Job, beside_timeout: float,
   `beside` is restarted when it fails, up to `beside_restarts` times; `main`
   runs on meanwhile. Raises JobFailed when `main` fails, `beside` fails once
   more, or `beside` does not exit in time; both are stopped on the way out,
-  Ctrl-C included. `beside` may finish before `main` does.
+  Ctrl-C and `kill` (SIGTERM, raised here as SystemExit) included. `beside`
+  may finish before `main` does.
   """
   with contextlib.ExitStack() as files:
+    if threading.current_thread() is threading.main_thread():
+      files.callback(signal.signal, signal.SIGTERM,
+                     signal.signal(signal.SIGTERM, _exit_on_sigterm))
     helper = primary = None
     try:
       helper = _Restarted(beside, files, beside_restarts)

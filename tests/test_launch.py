@@ -476,3 +476,17 @@ def test_ctrl_c_stops_both(tmp_path):
       signal.signal(signal.SIGINT, previous)
   assert not _alive(_pid(tmp_path, 'trainer'))
   assert not _alive(_pid(tmp_path, 'builder'))
+
+
+def test_kill_stops_both(tmp_path):
+  """`kill` of the launcher (SIGTERM) leaves no job running."""
+  builder = _python(tmp_path, 'builder', 'time.sleep(60)')
+  trainer = _python(tmp_path, 'trainer', 'os.kill(os.getppid(), '
+                    'signal.SIGTERM); time.sleep(60)', after='builder')
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(SystemExit) as stopped:
+    local.run_beside(trainer, builder, beside_timeout=30)
+  assert stopped.value.code == 128 + signal.SIGTERM
+  assert signal.getsignal(signal.SIGTERM) is before
+  assert not _alive(_pid(tmp_path, 'trainer'))
+  assert not _alive(_pid(tmp_path, 'builder'))
