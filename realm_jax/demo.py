@@ -72,7 +72,7 @@ class Preset:
 PRESETS = {
     'demo': Preset(ict_steps=40, reader_steps=100, pretrain_steps=100,
                    refresh_interval=10),
-    'reproduce': Preset(ict_steps=100, reader_steps=300, pretrain_steps=400,
+    'reproduce': Preset(ict_steps=100, reader_steps=300, pretrain_steps=300,
                         refresh_interval=20, finetune_steps=200,
                         ablations=True),
 }
