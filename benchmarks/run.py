@@ -1,7 +1,7 @@
 """The benchmark runner: prints a table per benchmark and writes
 benchmarks/results/<machine>-<date>.json (docs/benchmarks.md reads it).
 
-  python -m benchmarks.run [--quick] [--only encoder|train_step|embed|mips]
+  python -m benchmarks.run [--quick] [--only encoder|train_step|embed|mips|sharing]
       [--paper_scale] [--index_dir DIR]
 
 Absolute figures hold for the machine named in the file; comparisons are
@@ -14,10 +14,10 @@ import json
 import os
 import platform
 
-from benchmarks import embed, encoder, mips, train_step
+from benchmarks import embed, encoder, mips, sharing, train_step
 
 BENCHMARKS = {'encoder': encoder.run, 'train_step': train_step.run,
-              'embed': embed.run, 'mips': mips.run}
+              'embed': embed.run, 'mips': mips.run, 'sharing': sharing.run}
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            'results')
 

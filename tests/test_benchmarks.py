@@ -74,6 +74,11 @@ def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
   assert math.isclose(embed['refresh_minutes_16_chips'] * 16 * 60,
                       13_353_718 / embed['docs_per_s'])
 
+  sharing, = rows['sharing']
+  if 'skipped' not in sharing:  # One core: nothing to share.
+    assert sharing['trainer_steps_per_s'] > 0
+    assert sharing['demo_refresh_s'] == 10_054 / sharing['builder_docs_per_s']
+
   mips_rows = {(row['dtype'], row['searcher']): row for row in rows['mips']}
   assert mips_rows['float32', 'numpy']['recall_at_8'] == 1.0
   assert mips_rows['float32', 'exact']['recall_at_8'] == 1.0
@@ -85,5 +90,5 @@ def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
     assert mips_rows['float32', name]['index_bytes'] >= 100_000 * 128 * 4
   assert mips_rows['bfloat16', 'exact']['index_bytes'] >= 100_000 * 128 * 2
   out = capsys.readouterr().out
-  for name in ('encoder', 'train_step', 'embed', 'mips'):
+  for name in ('encoder', 'train_step', 'embed', 'mips', 'sharing'):
     assert f'| {name} |' in out

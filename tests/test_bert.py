@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from realm_jax.models.bert import Bert, BertConfig, mean_pool
+from realm_jax.models.bert import Bert, BertConfig, attend, mean_pool
 
 LOGICAL_AXES = {'vocab', 'embed', 'length', 'token_type', 'heads', 'kv', 'mlp'}
 
@@ -69,6 +69,28 @@ def test_padding_does_not_change_real_positions(tiny_config):
   real = input_mask.astype(bool)
   np.testing.assert_allclose(np.asarray(long[:, :10])[real],
                              np.asarray(short)[real], atol=1e-5)
+
+
+@pytest.mark.parametrize('chunk', [1, 2, 4])
+def test_attention_in_chunks_equals_one_shot_with_gradients(chunk):
+  """The CPU loop over groups of sequences computes the same attention and
+  gradients, also when the batch (5) is not a multiple of the group."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(5, 7, 3, 4)), jnp.float32)
+             for _ in range(3))
+  mask = jnp.asarray(np.arange(7)[None] < np.array([7, 5, 1, 7, 3])[:, None])
+
+  def loss(q, k, v, chunk):
+    out = attend(q, k, v, mask, jnp.float32, chunk=chunk)
+    return jnp.sum(out * jnp.cos(out)), out
+
+  (_, one_shot), grads = jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(
+      q, k, v, 0)
+  (_, chunked), chunk_grads = jax.value_and_grad(
+      loss, (0, 1, 2), has_aux=True)(q, k, v, chunk)
+  np.testing.assert_allclose(chunked, one_shot, atol=1e-6)
+  for got, want in zip(chunk_grads, grads):
+    np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_remat_gives_the_same_outputs_and_gradients(tiny_config):
