@@ -293,6 +293,8 @@ def _aot(args) -> None:
   from realm_jax import aot  # pylint: disable=g-import-not-at-top
   args.gin_file = [os.path.join(_GIN_DIR, 'runs', f'{args.run}.gin'),
                    *args.gin_file]
+  # The accelerators' attention, not the faked CPU devices' loop.
+  args.gin_bindings = ['BertConfig.attention_chunk = 0', *args.gin_bindings]
   _parse_gin(args)
   programs = aot.compile_and_fit(args.mesh, args.builder_mesh)
   print(aot.table(programs, args.device_memory_gib))

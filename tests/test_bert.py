@@ -93,6 +93,26 @@ def test_attention_in_chunks_equals_one_shot_with_gradients(chunk):
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_attention_chunk_of_the_config_picks_the_loop_or_the_one_shot_form(
+    tiny_config):
+  """0 compiles no loop even on CPU (what `aot` compiles for accelerators);
+  the CPU default loops; both give the same encoder output."""
+  inputs = _inputs(tiny_config)
+  variables = _init(tiny_config, inputs)
+
+  def encode(config):
+    return lambda params: Bert(config).apply({'params': params},
+                                             *inputs).sequence_output
+
+  outputs = {}
+  for chunk, loops in ((0, False), (None, True)):
+    config = dataclasses.replace(tiny_config, attention_chunk=chunk)
+    jaxpr = str(jax.make_jaxpr(encode(config))(variables['params']))
+    assert ('scan' in jaxpr) == loops, chunk
+    outputs[chunk] = encode(config)(variables['params'])
+  np.testing.assert_allclose(outputs[None], outputs[0], atol=1e-5)
+
+
 def test_remat_gives_the_same_outputs_and_gradients(tiny_config):
   inputs = _inputs(tiny_config)
   variables = _init(tiny_config, inputs)

@@ -179,6 +179,39 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path, small_corpus):
   assert os.path.exists(os.path.join(killed, 'checkpoints', 'TRAINING_DONE'))
 
 
+@pytest.mark.parametrize('prefetch', [True, False])
+def test_prefetch_retrieves_with_the_parameters_the_step_before_starts_from(
+    tmp_path, monkeypatch, prefetch):
+  """Batch t+1 is embedded with the parameters step t starts from, except
+  after a saved step: then with the saved ones, as a run resumed there does.
+  Without prefetch, always with the newest."""
+  fingerprint = lambda params: float(sum(
+      np.abs(np.asarray(leaf, np.float64)).sum()
+      for leaf in jax.tree.leaves(params['retriever'])))
+  starts, embedded = [], []
+  real_step, real_dispatch = Trainer.step, run_kinds.Pretrain.dispatch_prepare
+
+  def step(self, state, inputs):
+    starts.append(fingerprint(state.params))
+    return real_step(self, state, inputs)
+
+  def dispatch_prepare(self, examples, params, step):
+    embedded.append(fingerprint(params))
+    return real_dispatch(self, examples, params, step)
+
+  monkeypatch.setattr(Trainer, 'step', step)
+  monkeypatch.setattr(run_kinds.Pretrain, 'dispatch_prepare', dispatch_prepare)
+  _train(str(tmp_path / 'run'), 'pretrain', *RETRIEVAL,
+         '--gin.train.num_steps=5', '--gin.train.checkpoint_every=2',
+         f'--gin.train.prefetch={prefetch}')
+  # Every update changes the towers (the first has warm-up's rate 0).
+  assert len(set(starts[1:])) == 4
+  # Steps 2 and 4 are saved; batches 3 and 5 wait for their parameters.
+  expected = ([starts[0], starts[0], starts[2], starts[2], starts[4]]
+              if prefetch else starts)
+  assert embedded == expected
+
+
 @pytest.mark.slow
 @needs_data
 def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(

@@ -71,10 +71,15 @@ class IndexClient:
     return None if self.index_step is None else step - self.index_step
 
   def search(self, query_embeddings, k: int, exclude_ids=None):
+    return self.dispatch(query_embeddings, k, exclude_ids)()
+
+  def dispatch(self, query_embeddings, k: int, exclude_ids=None):
+    """`search` in two parts: the device work queued now, the returned
+    function waits and gives (scores, ids) (see the searchers' `dispatch`)."""
     if self.searcher is None:
       raise RuntimeError(f'No index published under '
                          f'{publication.index_dir(self.model_dir)} yet.')
-    return self.searcher.search(query_embeddings, k, exclude_ids)
+    return self.searcher.dispatch(query_embeddings, k, exclude_ids)
 
   def document_embeddings(self, ids):
     """[..., D] stored embeddings of block ids (the frozen Embed_doc(z) that

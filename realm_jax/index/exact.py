@@ -141,6 +141,12 @@ class ExactSearcher:
     exclude_ids: [Q] or [Q, E] ids never to return (e.g. the query's own
     block); negative entries exclude nothing.
     """
+    return self.dispatch(query_embeddings, k, exclude_ids)()
+
+  def dispatch(self, query_embeddings, k: int, exclude_ids=None):
+    """`search`, queued on the devices now; the returned function waits for
+    it and gives its numpy result (work queued before a train step runs
+    before that step)."""
     if not 0 < k <= self.num_docs:
       raise ValueError(f'k={k} must be in [1, {self.num_docs}].')
     queries = np.asarray(query_embeddings, self.embeddings.dtype)
@@ -150,4 +156,4 @@ class ExactSearcher:
     scores, ids = self._searcher(k)(jax.device_put(queries, replicated),
                                     self.embeddings,
                                     jax.device_put(exclude, replicated))
-    return np.asarray(scores), np.asarray(ids)
+    return lambda: (np.asarray(scores), np.asarray(ids))

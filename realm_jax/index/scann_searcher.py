@@ -26,6 +26,11 @@ class ScannSearcher:
   def __init__(self, searcher, num_docs: int):
     self._searcher, self.num_docs = searcher, num_docs
 
+  def dispatch(self, query_embeddings, k: int, exclude_ids=None):
+    """`search` to run later: ScaNN searches on the host, so all of it is in
+    the returned function (which a train loop runs while the device steps)."""
+    return lambda: self.search(query_embeddings, k, exclude_ids)
+
   def search(self, query_embeddings, k: int, exclude_ids=None):
     """(scores [Q, k] float32, ids [Q, k] int32), best first."""
     if not 0 < k <= self.num_docs:

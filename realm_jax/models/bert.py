@@ -42,6 +42,9 @@ class BertConfig:
     param_dtype: parameter dtype (float32 keeps the optimizer exact).
     remat: rematerialize each layer in the backward pass (saves memory).
     add_pooler: add BERT's tanh pooler over [CLS] (unused by REALM's towers).
+    attention_chunk: sequences attended at a time without dropout (see
+      `attend`); None picks for the backend: 2 on CPU, 0 (all at once)
+      elsewhere. `realm-jax aot` sets 0, as it compiles for accelerators.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -58,6 +61,7 @@ class BertConfig:
   param_dtype: Any = 'float32'
   remat: bool = False
   add_pooler: bool = False
+  attention_chunk: int | None = None
 
   def __post_init__(self):
     object.__setattr__(self, 'dtype', _dtype(self.dtype))
@@ -209,7 +213,8 @@ class SelfAttention(nn.Module):
     if not deterministic and c.attention_dropout_rate:
       dropout = functools.partial(nn.Dropout(c.attention_dropout_rate),
                                   deterministic=False)
-    context = attend(query, key, value, input_mask, c.dtype, dropout)
+    context = attend(query, key, value, input_mask, c.dtype, dropout,
+                     c.attention_chunk)
     context = nn.with_logical_constraint(context, activation_names)
     out = dense(c, c.hidden_size, ('heads', 'kv', 'embed'), 'out',
                 in_axes=2)(context)

@@ -41,6 +41,10 @@ class Checkpoints:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def due(self, step: int) -> bool:
+    """Whether `save` will save `step` (without force)."""
+    return self.manager.should_save(step)
+
   def save(self, state: TrainState, step: int, data_position: dict,
            force: bool = False) -> bool:
     """Starts saving `state` (after `step` updates; passed in so that no

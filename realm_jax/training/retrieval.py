@@ -147,16 +147,27 @@ class CandidateRetrieval:
 
     `source_ids` [B] are the queries' own blocks (the trivial candidates).
     """
+    return self.dispatch_candidates(query_embeddings, source_ids)()
+
+  def dispatch_candidates(self, query_embeddings, source_ids):
+    """`candidates` in two parts: the look for a newer index and the search's
+    device work now; the returned function does the host's share (the
+    search's result, the candidate list, the gather from host memory)."""
     exclude = (np.asarray(source_ids) if self.exclude_source else
                np.full(len(query_embeddings), NULL_DOCUMENT_ID))
     if self.fetch:
       self.client.maybe_refresh()
-      _, ids = self.client.search(query_embeddings, self.fetch, exclude)
+      searched = self.client.dispatch(query_embeddings, self.fetch, exclude)
     else:  # The null document alone: the reader without retrieval.
-      ids = np.zeros((len(query_embeddings), 0), np.int32)
-    if self.null_document_first:
-      ids, mask = (np.asarray(a) for a in select_candidates(
-          ids, exclude, self.num_candidates))
-    else:
-      mask = ids >= 0
-    return self.blocks_of(ids), mask, ids
+      empty = np.zeros((len(query_embeddings), 0), np.int32)
+      searched = lambda: (None, empty)
+
+    def host_part():
+      _, ids = searched()
+      if self.null_document_first:
+        ids, mask = (np.asarray(a) for a in select_candidates(
+            ids, exclude, self.num_candidates))
+      else:
+        mask = ids >= 0
+      return self.blocks_of(ids), mask, ids
+    return host_part

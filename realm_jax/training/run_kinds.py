@@ -111,7 +111,15 @@ class RunKind:
     return params
 
   def prepare(self, examples: dict, params, step: int):
-    """(the step's inputs, host metrics) from one host batch of examples."""
+    """(the step's inputs, host metrics) from one host batch of examples,
+    retrieving with `params` (after `step` updates)."""
+    return self.dispatch_prepare(examples, params, step)()
+
+  def dispatch_prepare(self, examples: dict, params, step: int):
+    """`prepare` in two parts: its device work (the query embedding, an
+    exact search) queued now; the returned function does the host's share
+    and gives what `prepare` gives. Work queued before a train step runs
+    before it, so the loop can do the next batch's host share during it."""
     raise NotImplementedError
 
   def loss(self, params, inputs, rng, deterministic: bool):
@@ -208,11 +216,12 @@ class Ict(RunKind):
   def warm_start(self, params):
     return _bert_warm_start(params, self.bert_dir, self.retriever.config)
 
-  def prepare(self, examples, params, step):
-    del params, step
-    return {'query': token_arrays(examples['query_token_ids']),
-            'block': token_arrays(examples['block_token_ids'],
-                             examples['block_token_type_ids'])}, {}
+  def dispatch_prepare(self, examples, params, step):
+    del params, step  # In-batch negatives: nothing is retrieved.
+    inputs = {'query': token_arrays(examples['query_token_ids']),
+              'block': token_arrays(examples['block_token_ids'],
+                                    examples['block_token_type_ids'])}
+    return lambda: (inputs, {})
 
   def loss(self, params, inputs, rng, deterministic):
     apply = lambda method, x: self.retriever.apply(
@@ -307,7 +316,7 @@ class Pretrain(_Retrieving):
             f'{self.reader_model_dir}', flush=True)
     return params
 
-  def prepare(self, examples, params, step):
+  def dispatch_prepare(self, examples, params, step):
     query = token_arrays(examples['query_token_ids'])
     length = query['token_ids'].shape[1]
     if np.any(examples['mlm_positions'] >= length):
@@ -319,16 +328,22 @@ class Pretrain(_Retrieving):
       source = np.random.default_rng(step).random(len(examples['block_id']))
       ids = np.where(source < self.source_block_rate, examples['block_id'],
                      NULL_DOCUMENT_ID)[:, None]
-      blocks, mask = self.retrieval.blocks_of(ids), np.ones(ids.shape, bool)
+      retrieved = lambda: (self.retrieval.blocks_of(ids),
+                           np.ones(ids.shape, bool), ids)
     else:
-      blocks, mask, _ = self.retrieval.candidates(
+      retrieved = self.retrieval.dispatch_candidates(
           self.query_embeddings(params, query), examples['block_id'])
-    targets = np.asarray(examples['mlm_targets'], np.int32)
-    return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
-            'mlm_positions': np.asarray(examples['mlm_positions'], np.int32),
-            'mlm_targets': targets,
-            'mlm_mask': (targets != 0).astype(np.int32)}, {
-                'index_staleness': self.retrieval.client.staleness(step)}
+    # Of the index the search above reads.
+    host_metrics = {'index_staleness': self.retrieval.client.staleness(step)}
+
+    def host_part():
+      blocks, mask, _ = retrieved()
+      targets = np.asarray(examples['mlm_targets'], np.int32)
+      return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
+              'mlm_positions': np.asarray(examples['mlm_positions'], np.int32),
+              'mlm_targets': targets,
+              'mlm_mask': (targets != 0).astype(np.int32)}, host_metrics
+    return host_part
 
   def _outputs(self, params, inputs, rng, deterministic):
     scores, logits = self.model.apply(
@@ -448,18 +463,22 @@ class Finetune(_Retrieving):
           lambda _: True, params['retriever']['document_embedder'])
     return frozen
 
-  def prepare(self, examples, params, step):
+  def dispatch_prepare(self, examples, params, step):
     del step  # The index stays the one fine-tuning started with.
     query = token_arrays(examples['query_token_ids'])
-    blocks, mask, ids = self.retrieval.candidates(
+    retrieved = self.retrieval.dispatch_candidates(
         self.query_embeddings(params, query),
         np.full(len(query['token_ids']), -1))
-    answers = np.asarray(examples['answer_token_ids'], np.int32)
-    return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
-            'candidate_embeddings': self.retrieval.client.document_embeddings(
-                ids),
-            'answer_token_ids': answers,
-            'answer_mask': (answers != 0).astype(np.int32)}, {}
+
+    def host_part():
+      blocks, mask, ids = retrieved()
+      answers = np.asarray(examples['answer_token_ids'], np.int32)
+      return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
+              'candidate_embeddings':
+                  self.retrieval.client.document_embeddings(ids),
+              'answer_token_ids': answers,
+              'answer_mask': (answers != 0).astype(np.int32)}, {}
+    return host_part
 
   def loss(self, params, inputs, rng, deterministic):
     scores, spans, reader_inputs = self.model.apply(

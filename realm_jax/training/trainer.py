@@ -2,7 +2,8 @@
 
 The step is one `jax.jit` with explicit in/out shardings over a ('data',
 'model') mesh and the state donated; the run kind (see `run_kinds`) supplies
-the task, the warm start, the host-side retrieval and the loss. The loop saves
+the task, the warm start, the host-side retrieval and the loss. The loop
+retrieves each batch while the device runs the step before it, saves
 asynchronous Orbax checkpoints, resumes from the newest one with the data
 order unchanged, stops on a non-finite loss, and writes metrics (see
 `metric_writer`) and a progress line.
@@ -191,7 +192,7 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
           keep_checkpoints: int = 3, log_every: int = 10,
           eval_every: int | None = None, eval_batches: int = 10,
           eval_batch_size: int | None = None,
-          data_shards: int | None = None) -> TrainState:
+          data_shards: int | None = None, prefetch: bool = True) -> TrainState:
   """Trains `run` to `num_steps`, resuming from model_dir's newest checkpoint.
 
   Args:
@@ -208,6 +209,12 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
     eval_batches / eval_batch_size: size of each evaluation.
     data_shards: disjoint shards the global batch is drawn from (default:
       one per process); fix it to keep the data order across host counts.
+    prefetch: retrieve each batch during the step before it, with the
+      parameters that step starts from (one update older; the scores the
+      loss reads are still the current ones), so that the host's share of
+      retrieval overlaps the device step. After a step that is saved the
+      next batch is retrieved with the saved parameters, as a run resumed
+      there does: resumes stay exact.
   """
   distributed.initialize()
   mesh = partitioning.make_mesh()
@@ -243,13 +250,23 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   progress = Progress('train', num_steps, unit='steps', every_s=10,
                       done=start, also=(batch_size, 'examples'))
   window, window_start = [], time.perf_counter()
+  ready = None  # This step's (inputs, host metrics), when prefetched.
   for step in range(start + 1, num_steps + 1):
     started = time.perf_counter()
-    inputs, host_metrics = run.prepare(next(data), state.params, step - 1)
+    if ready is None:
+      ready = run.prepare(next(data), state.params, step - 1)
+    inputs, host_metrics = ready
+    # The next batch's device work is queued before this step (with the
+    # parameters it starts from, before they are donated to it); its host
+    # work runs while the device steps.
+    ahead = prefetch and step < num_steps and not checkpoints.due(step)
+    host_part = ahead and run.dispatch_prepare(next(data), state.params, step)
     prepared = time.perf_counter()
     state, metrics = trainer.step(state, inputs)
+    ready = host_part() if host_part else None
     metrics = {**jax.device_get(metrics), **host_metrics,
-               # Input + retrieval on the host vs the device step.
+               # The loop's own work before the step (this batch's inputs
+               # unless prefetched, the next one's device work) vs the step.
                'prepare_seconds': prepared - started,
                'step_seconds': time.perf_counter() - prepared}
     if not math.isfinite(float(metrics['loss'])):
