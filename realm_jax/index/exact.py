@@ -145,8 +145,8 @@ class ExactSearcher:
 
   def dispatch(self, query_embeddings, k: int, exclude_ids=None):
     """`search`, queued on the devices now; the returned function waits for
-    it and gives its numpy result (work queued before a train step runs
-    before that step)."""
+    it and gives its numpy result. On an accelerator's in-order stream, a
+    search queued before a train step runs before it."""
     if not 0 < k <= self.num_docs:
       raise ValueError(f'k={k} must be in [1, {self.num_docs}].')
     queries = np.asarray(query_embeddings, self.embeddings.dtype)

@@ -118,8 +118,8 @@ class RunKind:
   def dispatch_prepare(self, examples: dict, params, step: int):
     """`prepare` in two parts: its device work (the query embedding, an
     exact search) queued now; the returned function does the host's share
-    and gives what `prepare` gives. Work queued before a train step runs
-    before it, so the loop can do the next batch's host share during it."""
+    and gives what `prepare` gives. The train loop queues the next batch's
+    device work before a step and does its host share during the step."""
     raise NotImplementedError
 
   def loss(self, params, inputs, rng, deterministic: bool):
