@@ -179,6 +179,7 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path, small_corpus):
   assert os.path.exists(os.path.join(killed, 'checkpoints', 'TRAINING_DONE'))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('prefetch', [True, False])
 def test_prefetch_retrieves_with_the_parameters_the_step_before_starts_from(
     tmp_path, monkeypatch, prefetch):
