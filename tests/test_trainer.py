@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from realm_jax import main
+from realm_jax.models import pretrained
 from realm_jax.training import input_pipeline, partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
 from tests.test_open_qa import DATA_DIR, needs_data
@@ -122,6 +123,31 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
                                 inputs['candidates']['token_ids'])
   with pytest.raises(ValueError, match='num_candidates = 1'):
     run_kinds.Pretrain(num_candidates=4, source_block_rate=0.5)
+
+
+def test_a_reader_deeper_than_the_towers_warm_starts_at_its_own_depth(
+    tmp_path, minilm_dir):
+  """Towers of MiniLM's first 2 layers, a reader of its first 3: each BERT
+  takes the pretrained layers its own config asks for."""
+  gin.add_config_file_search_path(REPO)
+  gin.parse_config_files_and_bindings(['gin/models/minilm_l6.gin'], [
+      'BertConfig.num_layers = 2', 'load_bert_params.keep_first_layers = True',
+      'build_realm.reader_config = @reader/BertConfig()',
+      'reader/BertConfig.num_layers = 3', 'build_realm.reader_length = 64',
+      'bert_adamw.warmup_steps = 1'])
+  trainer = Trainer(run_kinds.Pretrain(num_candidates=1, query_length=32),
+                    str(tmp_path), partitioning.make_mesh(), 10)
+  params = trainer.initial_state().params
+  config = pretrained.config_from_hf(os.path.join(minilm_dir, 'config.json'))
+  minilm = pretrained.load_bert_params(minilm_dir, config)
+  reader = params['reader']['bert']
+  tower = params['retriever']['embedder']['bert']  # Shared by both towers.
+  assert sorted(reader) == ['embeddings', 'layer_0', 'layer_1', 'layer_2']
+  assert sorted(tower) == ['embeddings', 'layer_0', 'layer_1']
+  for bert, layer in ((reader, 'layer_2'), (tower, 'layer_1')):
+    np.testing.assert_array_equal(
+        bert[layer]['attention']['query']['kernel'],
+        minilm[layer]['attention']['query']['kernel'])
 
 
 def test_bf16_compute_keeps_fp32_parameters_and_loss(tmp_path):

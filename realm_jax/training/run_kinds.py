@@ -58,14 +58,20 @@ def _with_bert(tree, bert):
           for k, v in tree.items()}
 
 
-def _bert_warm_start(params, bert_dir: str | None, config):
-  """Every BERT of `params` (towers and reader, all of `config`'s size) from
-  pretrained weights; bert_dir '' keeps the fresh ones (a model size with
-  no pretrained weights)."""
+def _bert_warm_start(params, bert_dir: str | None, retriever_config,
+                     reader_config=None):
+  """Every BERT of `params` (the towers at `retriever_config`'s size, the
+  reader at `reader_config`'s) from pretrained weights; bert_dir '' keeps
+  the fresh ones (a model size with no pretrained weights)."""
   if bert_dir == '':
     return params
-  bert = pretrained.load_bert_params(bert_dir or embedded.minilm_dir(), config)
-  return _with_bert(params, bert)
+  load = lambda config: pretrained.load_bert_params(
+      bert_dir or embedded.minilm_dir(), config)
+  towers = load(retriever_config)
+  reader = (towers if reader_config in (None, retriever_config)
+            else load(reader_config))
+  return {k: _with_bert(v, reader if k == 'reader' else towers)
+          for k, v in params.items()}
 
 
 def _ict_retriever(params, ict_model_dir: str):
@@ -302,6 +308,7 @@ class Pretrain(_Retrieving):
 
   def warm_start(self, params):
     params = _bert_warm_start(params, self.bert_dir,
+                              self.model.retriever_config,
                               self.model.reader_config)
     if self.ict_model_dir:
       params, self.warm_index = _ict_retriever(params, self.ict_model_dir)
@@ -439,6 +446,7 @@ class Finetune(_Retrieving):
   def warm_start(self, params):
     if not self.pretrain_model_dir:
       params = _bert_warm_start(params, self.bert_dir,
+                                self.model.retriever_config,
                                 self.model.reader_config)
       if self.ict_model_dir:
         params, self.warm_index = _ict_retriever(params, self.ict_model_dir)
