@@ -2,7 +2,7 @@
 
 import setuptools
 
-# The set known to work together on Python 3.11 (DESIGN.md). scann's TF ops are
+# The set known to work together on Python 3.11. scann's TF ops are
 # built against TF 2.20, so TensorFlow and tensorflow-text stay pinned.
 INSTALL_REQUIRES = [
     'jax==0.10.2',

@@ -1,1 +1,1 @@
-"""Corpus sources, tokenization and (later) masking."""
+"""Corpus, tokenization, salient spans, masking, ICT and Open-QA data."""

@@ -1,1 +1,1 @@
-"""Open-QA metrics and (later) prediction."""
+"""Held-out masked LM, Open-QA scoring, predictions and bootstrap intervals."""

@@ -1,1 +1,1 @@
-"""Flax modules: BERT and (later) the REALM retriever and reader."""
+"""Flax modules: BERT, the REALM retriever and reader, and their losses."""

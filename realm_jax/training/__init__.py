@@ -1,1 +1,1 @@
-"""Training: partitioning, optimizer (and, next, the train loop)."""
+"""Training: the train loop, the run kinds, checkpoints and partitioning."""
