@@ -103,6 +103,26 @@ def test_only_the_null_document_left():
   np.testing.assert_allclose(metrics['retrieval_entropy'], 0.0, atol=1e-6)
 
 
+
+def test_null_score_below_best_sits_offset_under_the_best_valid_block():
+  scores = np.array([[-90., 3., 7., 50.], [-90., 1., 2., 3.],
+                     [-90., 4., 5., 6.]], np.float32)
+  mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], bool)
+  got = losses.null_score_below_best(scores, mask, 2.0)
+  # The masked 50 does not count; a query with no block keeps its score.
+  np.testing.assert_allclose(got[:, 0], [5., 1., -90.])
+  np.testing.assert_array_equal(got[:, 1:], scores[:, 1:])
+  # The blocks' gradient is their own columns' alone: the same as when the
+  # null column is a constant.
+  weights = np.arange(12, dtype=np.float32).reshape(3, 4)
+  grad = jax.grad(lambda s: jnp.sum(jax.nn.log_softmax(
+      losses.null_score_below_best(s, mask, 2.0)) * weights))(scores)
+  constant = np.asarray(got[:, :1])
+  expected = jax.grad(lambda s: jnp.sum(jax.nn.log_softmax(
+      jnp.concatenate([constant, s[:, 1:]], axis=1)) * weights))(scores)
+  np.testing.assert_allclose(grad[:, 1:], expected[:, 1:], rtol=1e-6)
+  np.testing.assert_array_equal(grad[:2, 0], 0.)
+
 def test_marginalizations_agree_on_one_token_and_differ_on_more():
   scores, mask, logits, targets, _ = _random_inputs(np.random.default_rng(6))
   one = np.zeros(targets.shape, bool)

@@ -125,6 +125,11 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
     run_kinds.Pretrain(num_candidates=4, source_block_rate=0.5)
 
 
+def test_a_null_score_offset_needs_the_null_document():
+  with pytest.raises(ValueError, match='null_document = True'):
+    run_kinds.Pretrain(null_document=False, null_score_offset=0.0)
+
+
 def test_a_reader_deeper_than_the_towers_warm_starts_at_its_own_depth(
     tmp_path, minilm_dir):
   """Towers of MiniLM's first 2 layers, a reader of its first 3: each BERT

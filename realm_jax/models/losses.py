@@ -34,6 +34,23 @@ def candidate_log_probs(scores, candidate_mask):
   return jax.nn.log_softmax(masked, axis=-1)
 
 
+def null_score_below_best(scores, candidate_mask, offset: float):
+  """f(x, null) = max_z f(x, z) - offset over the valid retrieved blocks.
+
+  Candidate 0 must be the null document. No gradient flows through the max:
+  the retrieved blocks learn only from their own columns, as they do when
+  the null document is scored by the document tower. A query with no valid
+  block keeps its null score.
+  """
+  retrieved = scores[:, 1:]
+  valid = candidate_mask[:, 1:].astype(bool)
+  best = jnp.max(jnp.where(valid, retrieved, -jnp.inf), axis=-1)
+  null = jnp.where(jnp.any(valid, axis=-1),
+                   jax.lax.stop_gradient(best) - offset, scores[:, 0])
+  return jnp.concatenate([null[:, None].astype(scores.dtype), retrieved],
+                         axis=1)
+
+
 def marginal_log_likelihood(log_p_z, log_p_y_given_z, target_mask,
                             marginalize: Marginalization = 'per_token'):
   """log p(y|x) of each example, marginalized over the k candidates.

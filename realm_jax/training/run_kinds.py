@@ -260,6 +260,12 @@ class Pretrain(_Retrieving):
       read their own block (the trivial candidate REALM excludes, section
       3.4) instead of the null document: a reader warm start that learns to
       copy a span from the text it reads as well as to predict without it.
+    null_score_offset: None scores the null document as the paper does, by
+      the document tower's embedding of an empty block; its f(x, null) then
+      sits tens of nats below the retrieved blocks (docs/RESULTS.md). A
+      number d scores it max_z f(x, z) - d over the retrieved blocks (no
+      gradient through the max), so that the marginal can fall back on
+      reading nothing when the blocks do not help. Not the paper's.
   """
 
   def __init__(self, corpus_name: str = 'wiki_leads', masking: str = 'salient',
@@ -271,11 +277,17 @@ class Pretrain(_Retrieving):
                ict_model_dir: str | None = None,
                reader_model_dir: str | None = None,
                bert_dir: str | None = None, microbatches: int = 1,
-               source_block_rate: float = 0.0):
+               source_block_rate: float = 0.0,
+               null_score_offset: float | None = None):
     if source_block_rate and num_candidates != 1:
       raise ValueError(f'Pretrain.source_block_rate={source_block_rate} '
                        'needs Pretrain.num_candidates = 1 (a reader warm '
                        f'start), not {num_candidates}.')
+    if null_score_offset is not None and not null_document:
+      raise ValueError(f'Pretrain.null_score_offset={null_score_offset} '
+                       'scores the null document: it needs '
+                       'Pretrain.null_document = True.')
+    self.null_score_offset = null_score_offset
     self.corpus_name, self.microbatches = corpus_name, microbatches
     self.reader_model_dir = reader_model_dir
     self.source_block_rate = source_block_rate
@@ -357,6 +369,9 @@ class Pretrain(_Retrieving):
         {'params': params}, inputs['query'], inputs['candidates'],
         inputs['mlm_positions'], deterministic, rngs={'dropout': rng},
         method='pretrain')
+    if self.null_score_offset is not None and scores.shape[1] > 1:
+      scores = losses.null_score_below_best(scores, inputs['candidate_mask'],
+                                            self.null_score_offset)
     return (scores, inputs['candidate_mask'], logits, inputs['mlm_targets'],
             inputs['mlm_mask'], self.marginalize)
 
