@@ -37,10 +37,10 @@ def candidate_log_probs(scores, candidate_mask):
 def null_score_below_best(scores, candidate_mask, offset: float):
   """f(x, null) = max_z f(x, z) - offset over the valid retrieved blocks.
 
-  Candidate 0 must be the null document. No gradient flows through the max:
-  the retrieved blocks learn only from their own columns, as they do when
-  the null document is scored by the document tower. A query with no valid
-  block keeps its null score.
+  Candidate 0 must be the null document. No gradient flows through the max,
+  so each retrieved block learns from its own column alone, and the null
+  column teaches the towers nothing. A query with no valid block keeps its
+  null score.
   """
   retrieved = scores[:, 1:]
   valid = candidate_mask[:, 1:].astype(bool)
