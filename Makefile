@@ -29,11 +29,13 @@ demo: setup
 reproduce: setup
 	$(BIN)/realm-jax demo --preset=reproduce
 
+# Every test, as CI runs it (about 25 minutes on 2 cores of an Intel Xeon).
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The unit tests that are not slow (the tiers: pytest.ini), about 3 minutes.
 test-fast: setup
-	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m 'unit and not slow' $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -24,7 +24,7 @@ BLOCK_LENGTH = 288
 
 def measure(model: str, batch_size: int, num_blocks: int, dtype: str) -> dict:
   from realm_jax.index.embed import DocumentEmbedder  # pylint: disable=g-import-not-at-top
-  from realm_jax.index.refresh import model_retriever  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.realm import model_retriever  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   gin.parse_config_files_and_bindings(
       [f'{GIN_DIR}/models/{MODELS[model]}.gin'],

@@ -188,10 +188,11 @@ def clustered(rng, size: int, clusters: int = 1000, spread: float = 0.5):
 
 
 def _published_embeddings(index_dir: str):
-  from realm_jax.index import publication, steps  # pylint: disable=g-import-not-at-top
+  from realm_jax import run_directory  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import publication  # pylint: disable=g-import-not-at-top
   manager = publication.index_manager(os.path.abspath(index_dir),
                                       read_only=True)
-  step, embeddings = steps.newest(
+  step, embeddings = run_directory.newest(
       manager, lambda step: publication.read_embeddings(manager, step))
   if step is None:
     raise FileNotFoundError(f'No published index in {index_dir}.')

@@ -46,7 +46,7 @@ def _builder_work():
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks.train_step import GIN_DIR  # pylint: disable=g-import-not-at-top
   from realm_jax.index.embed import DocumentEmbedder  # pylint: disable=g-import-not-at-top
-  from realm_jax.index.refresh import model_retriever  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.realm import model_retriever  # pylint: disable=g-import-not-at-top
   gin.parse_config_files_and_bindings([f'{GIN_DIR}/models/minilm_l6.gin'],
                                       ['BertConfig.num_layers = 2'])
   retriever = model_retriever()

@@ -48,17 +48,17 @@ def _model_flops(run, batch_size: int):
   """(analytic FLOPs of one training step of `run` on `batch_size` examples,
   the BertConfig whose vocabulary the inputs draw from)."""
   if type(run).__name__ == 'Ict':
-    config = run.retriever.config
+    config = run.objective.retriever.config
     forward = flops.ict_example(
-        config, run.retriever.projection_size,
+        config, run.objective.retriever.projection_size,
         run.shapes['query_token_ids'][0], run.shapes['block_token_ids'][0],
         batch_size)
   else:
-    realm = run.model
+    realm = run.objective.model
     forward = flops.pretrain_example(
         realm.retriever_config, realm.reader_config, realm.projection_size,
         run.shapes['query_token_ids'][0], run.block_length or BLOCK_LENGTH,
-        realm.reader_length, run.num_candidates,
+        realm.reader_length, run.objective.num_candidates,
         run.shapes['mlm_positions'][0])
     config = realm.reader_config
   return batch_size * flops.train(forward), config
@@ -75,23 +75,21 @@ def build(run_name: str, model: str, batch_size: int, dtype: str,
           bindings=()):
   """(trainer, its initial state, random inputs, analytic FLOPs per step);
   the gin config stays bound for the step's first trace."""
-  from realm_jax.training import partitioning  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import partitioning, run_loader  # pylint: disable=g-import-not-at-top
   from realm_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
-  import realm_jax.models.realm  # pylint: disable=g-import-not-at-top,unused-import
-  gin.clear_config()
-  gin.parse_config_files_and_bindings(
+  run_loader.configure(
       [f'{GIN_DIR}/runs/{run_name}.gin', f'{GIN_DIR}/models/{MODELS[model]}.gin'],
       [f"{kind}.bert_dir = ''" for kind in ('Pretrain', 'Ict')]
       + ['bert_adamw.warmup_steps = 1', f"BertConfig.dtype = '{dtype}'",
          *bindings])
-  run = gin.query_parameter('train.run').scoped_configurable_fn()
+  run = run_loader.configured_run().run
   # One CPU device is the whole host; accelerators use all of theirs.
   devices = jax.devices()
   devices = devices[:1] if devices[0].platform == 'cpu' else devices
-  trainer = Trainer(run, None, partitioning.make_mesh(devices=devices),
+  trainer = Trainer(run.objective, partitioning.make_mesh(devices=devices),
                     num_steps=1000)
   step_flops, config = _model_flops(run, batch_size)
-  inputs = _inputs(run.abstract_inputs(batch_size, BLOCK_LENGTH),
+  inputs = _inputs(run.objective.abstract_inputs(batch_size, BLOCK_LENGTH),
                    config.vocab_size, run.shapes['query_token_ids'][0])
   return trainer, trainer.initial_state(), inputs, step_flops
 

@@ -22,8 +22,9 @@ import numpy as np
 
 from realm_jax.index.embed import DocumentEmbedder
 from realm_jax.index.exact import AXIS, index_mesh, sharded_top_k
-from realm_jax.index.refresh import model_retriever
+from realm_jax.models.realm import model_retriever
 from realm_jax.training import partitioning
+from realm_jax.training.run_kinds import RunKind
 from realm_jax.training.trainer import Trainer
 
 GIB = 2 ** 30
@@ -73,7 +74,8 @@ def _unsharded(tree):
 
 
 @gin.configurable
-def compile_and_fit(mesh_devices: int, builder_devices: int = 16,
+def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
+                    mesh_devices: int, builder_devices: int = 16,
                     num_blocks: int = 13_353_718, block_length: int = 288,
                     embed_batch_size: int = 1024, search_queries: int = 512,
                     search_k: int = 8, search_dtype: str = 'bfloat16',
@@ -83,6 +85,8 @@ def compile_and_fit(mesh_devices: int, builder_devices: int = 16,
   per-device memory and FLOPs.
 
   Args:
+    run / batch_size / num_steps: what `train` would train (see
+      `run_loader.configured_run`).
     mesh_devices: the trainer's devices (make_mesh's data x model).
     builder_devices: the index builder's devices.
     num_blocks / block_length: the knowledge corpus (13,353,718 blocks of at
@@ -98,14 +102,12 @@ def compile_and_fit(mesh_devices: int, builder_devices: int = 16,
     raise ValueError(f'{needed} devices needed, {len(devices)} present: set '
                      'XLA_FLAGS=--xla_force_host_platform_device_count='
                      f'{needed} before JAX starts (`realm-jax aot` does).')
-  run = gin.query_parameter('train.run').scoped_configurable_fn()
-  batch_size = gin.query_parameter('train.batch_size')
   mesh = partitioning.make_mesh(devices=devices[:mesh_devices])
-  trainer = Trainer(run, None, mesh, gin.query_parameter('train.num_steps'))
+  trainer = Trainer(run.objective, mesh, num_steps)
   train_step = _analyse(
       f'train step ({type(run).__name__})', mesh_devices,
       f'batch {batch_size} in {trainer.microbatches} microbatch(es)',
-      trainer.lower(run.abstract_inputs(batch_size, block_length)),
+      trainer.lower(run.objective.abstract_inputs(batch_size, block_length)),
       loop_trips=trainer.microbatches)
 
   embedder_retriever = model_retriever()

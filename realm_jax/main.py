@@ -141,6 +141,10 @@ def _parser() -> argparse.ArgumentParser:
   aot.add_argument('--run', choices=('pretrain', 'ict', 'finetune'),
                    default='pretrain',
                    help='gin/runs/<run>.gin, read before the --gin_file(s).')
+  aot.add_argument('--model_dir', default=None,
+                   help="Compile a training run's own config (its "
+                   'config.gin, the --gin_file(s) layered over it) instead '
+                   'of --run.')
   aot.add_argument('--device_memory_gib', type=float, default=32.0,
                    help='One device\'s memory (TPU v4: 32 GiB of HBM).')
   aot.add_argument('--output', default=None,
@@ -150,21 +154,12 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'gin')
-
-
 def _parse_gin(args) -> None:
-  """Files and bindings; a typo or a missing binding fails here, before work.
-
-  `include 'gin/...'` and --gin_file paths resolve from the working
-  directory or the repository root.
-  """
-  import gin  # pylint: disable=g-import-not-at-top
-  import realm_jax.models.realm  # pylint: disable=g-import-not-at-top,unused-import
-  gin.add_config_file_search_path(os.path.dirname(_GIN_DIR))
-  files = args.gin_file or [os.path.join(_GIN_DIR, 'models', 'minilm_l6.gin')]
-  gin.parse_config_files_and_bindings(files, args.gin_bindings)
+  """The command's gin files (default MiniLM's) and bindings."""
+  from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
+  run_loader.parse_gin(args.gin_file or [
+      os.path.join(run_loader.GIN_DIR, 'models', 'minilm_l6.gin')],
+                       args.gin_bindings)
 
 
 def _train(args) -> None:
@@ -247,18 +242,19 @@ def _corpus_dir(args) -> str:
 
 def _embed(args) -> None:
   import jax  # pylint: disable=g-import-not-at-top
-  from realm_jax import embedded  # pylint: disable=g-import-not-at-top
+  from realm_jax import embedded, run_directory  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
-  from realm_jax.index import embed, publication, refresh, steps  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import embed, publication  # pylint: disable=g-import-not-at-top
   from realm_jax.models import pretrained  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.realm import model_retriever  # pylint: disable=g-import-not-at-top
   from realm_jax.models.retriever import init_retriever_params  # pylint: disable=g-import-not-at-top
   _parse_gin(args)
-  retriever = refresh.model_retriever()
+  retriever = model_retriever()
   corpus_dir = _corpus_dir(args)
   if args.model_dir:
-    checkpoints = publication.trainer_checkpoints(args.model_dir)
-    step, params = steps.newest(checkpoints, functools.partial(
-        publication.restore_retriever_params, checkpoints))
+    checkpoints = run_directory.trainer_checkpoints(args.model_dir)
+    step, params = run_directory.newest(checkpoints, functools.partial(
+        run_directory.restore_retriever_params, checkpoints))
     if step is None:
       raise FileNotFoundError(f'No trainer checkpoint in {args.model_dir}.')
   else:
@@ -266,9 +262,9 @@ def _embed(args) -> None:
     bert = pretrained.load_bert_params(args.bert_dir or embedded.minilm_dir(),
                                        retriever.config)
     params = init_retriever_params(retriever, jax.random.key(0), bert)
-  output = args.output_dir or publication.index_dir(
+  output = args.output_dir or run_directory.index_dir(
       args.model_dir or os.path.join('runs', 'embed'))
-  refresh.embed_and_publish(
+  publication.embed_and_publish(
       publication.index_manager(output), step,
       embed.DocumentEmbedder(retriever, args.batch_size), params,
       embed.local_block_arrays(corpus_dir), corpus.load_metadata(corpus_dir))
@@ -291,12 +287,20 @@ def _aot(args) -> None:
                              f'--xla_force_host_platform_device_count={devices}')
   from etils import epath  # pylint: disable=g-import-not-at-top
   from realm_jax import aot  # pylint: disable=g-import-not-at-top
-  args.gin_file = [os.path.join(_GIN_DIR, 'runs', f'{args.run}.gin'),
-                   *args.gin_file]
+  from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
   # The accelerators' attention, not the faked CPU devices' loop.
   args.gin_bindings = ['BertConfig.attention_chunk = 0', *args.gin_bindings]
-  _parse_gin(args)
-  programs = aot.compile_and_fit(args.mesh, args.builder_mesh)
+  if args.model_dir:
+    configured = run_loader.load_run(args.model_dir, args.gin_file,
+                                     args.gin_bindings)
+  else:
+    args.gin_file = [os.path.join(run_loader.GIN_DIR, 'runs',
+                                  f'{args.run}.gin'), *args.gin_file]
+    _parse_gin(args)
+    configured = run_loader.configured_run()
+  programs = aot.compile_and_fit(configured.run, configured.batch_size,
+                                 configured.num_steps, args.mesh,
+                                 args.builder_mesh)
   print(aot.table(programs, args.device_memory_gib))
   if args.output:
     epath.Path(args.output).write_text(json.dumps(
@@ -336,6 +340,8 @@ def _data(args) -> None:
 def main(argv=None) -> int:
   args = _parser().parse_args(_gin_flags(sys.argv[1:] if argv is None
                                          else argv))
+  from realm_jax import distributed  # pylint: disable=g-import-not-at-top
+  distributed.log_to_stderr()
   if getattr(args, 'model_dir', None) and '://' not in args.model_dir:
     args.model_dir = os.path.abspath(args.model_dir)  # Orbax needs these.
   {'demo': _demo, 'data': _data, 'embed': _embed, 'refresh': _refresh,

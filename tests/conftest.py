@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded MiniLM weights and vocab, a tiny BERT.
+"""Shared fixtures: the embedded MiniLM weights and vocab, a tiny BERT, a
+small corpus; the global state each test restores; and the tier check.
 
 Eight CPU devices are faked before JAX starts, so sharding tests can build
 multi-device meshes; unsharded code still runs on device 0.
@@ -9,10 +10,60 @@ import os
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import signal
+
+import gin
 import pytest
 
 from realm_jax import embedded
 from realm_jax.models.bert import BertConfig
+from tests.helpers import build_leads_corpus
+
+TIERS = ('unit', 'integration')
+# The launcher installs handlers of these, and a native library loaded in
+# this process may replace Python's at the OS level (then Ctrl-C raises no
+# KeyboardInterrupt).
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def pytest_collection_modifyitems(items):
+  """Fails the run unless each test has exactly one tier marker, so that
+  `-m unit` and `-m integration` split the suite between them."""
+  wrong = []
+  for item in items:
+    tiers = sorted({marker.name for marker in item.iter_markers()} &
+                   set(TIERS))
+    if len(tiers) != 1:
+      wrong.append(f'  {item.nodeid}: {tiers or "none"}')
+  if wrong:
+    raise pytest.UsageError(
+        f'Each test needs exactly one of the markers {TIERS} (a module-level '
+        'pytestmark or its own):\n' + '\n'.join(wrong))
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+  """Each test leaves no gin config behind: a parse (the CLI's) locks it,
+  and its bindings would change the next test's defaults."""
+  yield
+  gin.clear_config()
+
+
+def _install(handlers):
+  for number, handler in handlers.items():
+    signal.signal(number, handler)
+
+
+@pytest.fixture(autouse=True)
+def _python_signal_handlers():
+  """Each test runs with, and leaves, the handlers Python has of SIGNALS,
+  installed again at the OS level in case a native library replaced them."""
+  handlers = {number: signal.getsignal(number) for number in SIGNALS}
+  # None: a handler not set from Python, which cannot be set again.
+  handlers = {n: h for n, h in handlers.items() if h is not None}
+  _install(handlers)
+  yield
+  _install(handlers)
 
 
 @pytest.fixture(scope='session')
@@ -33,24 +84,6 @@ def tiny_config() -> BertConfig:
                     intermediate_size=48, max_position_embeddings=24)
 
 
-def build_leads_corpus(root, tokenizer, num_leads: int,
-                       validation_per_mille: int) -> str:
-  """The first `num_leads` Wikipedia leads, built and annotated as
-  `wiki_leads` under `root`; returns root (what REALM_CORPUS_DIR points at)."""
-  import json
-  from realm_jax.data import corpus, salient_spans
-  with open(embedded.wiki_leads_json(), encoding='utf-8') as f:
-    leads = dict(list(json.load(f).items())[:num_leads])
-  source = root / 'leads.json'
-  source.write_text(json.dumps(leads), encoding='utf-8')
-  directory = str(root / 'wiki_leads')
-  corpus.build_corpus(directory, tokenizer, wiki_leads_json=str(source),
-                      blocks_per_shard=25 if num_leads < 100 else 100_000)
-  salient_spans.annotate_corpus(directory, tokenizer, num_processes=1,
-                                validation_per_mille=validation_per_mille)
-  return str(root)
-
-
 @pytest.fixture(scope='session')
 def small_corpus(tmp_path_factory, tokenizer):
   """The first 60 Wikipedia leads (20% held out)."""
@@ -59,11 +92,8 @@ def small_corpus(tmp_path_factory, tokenizer):
 
 
 @pytest.fixture
-def small_corpus_gin(small_corpus, monkeypatch):
-  """REALM_CORPUS_DIR at the small corpus and a clean gin config around the
-  test (the CLI's gin parse locks the config)."""
-  import gin
+def small_corpus_env(small_corpus, monkeypatch):
+  """REALM_CORPUS_DIR at the small corpus, where the CLI and the seqio tasks
+  look for `wiki_leads`."""
   monkeypatch.setenv('REALM_CORPUS_DIR', small_corpus)
-  gin.clear_config()
-  yield small_corpus
-  gin.clear_config()
+  return small_corpus

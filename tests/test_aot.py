@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import gin
 import jax
 import numpy as np
 import pytest
@@ -15,9 +14,10 @@ import pytest
 from realm_jax import aot
 from realm_jax.training import input_pipeline, partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
-from tests.test_trainer import REPO, TINY, _bind_tiny
+from tests.helpers import REPO, TINY, bind_tiny
 
-pytestmark = pytest.mark.usefixtures('small_corpus_gin')
+pytestmark = [pytest.mark.integration,
+              pytest.mark.usefixtures('small_corpus_env')]
 
 
 def _shapes(tree):
@@ -26,15 +26,16 @@ def _shapes(tree):
 
 def _prepared(tmp_path, batch_size: int):
   """A tiny pre-training Trainer on 4 devices, its state, and one batch."""
-  _bind_tiny()
-  trainer = Trainer(run_kinds.Pretrain(num_candidates=4, query_length=32,
-                                       bert_dir=''), str(tmp_path),
+  bind_tiny()
+  run = run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir='')
+  trainer = Trainer(run.objective,
                     partitioning.make_mesh(devices=jax.devices()[:4]), 10)
   state = trainer.initial_state()
-  trainer.run.start(state.params, 0)
-  examples = next(input_pipeline.batches(trainer.run.task, 'train',
-                                         trainer.run.shapes, batch_size))
-  inputs, _ = trainer.run.prepare(examples, state.params, 0)
+  preparer = run.batch_preparer(str(tmp_path), trainer.mesh)
+  preparer.start(state.params, 0)
+  examples = next(input_pipeline.batches(run.task, 'train', run.shapes,
+                                         batch_size))
+  inputs, _ = preparer.prepare(examples, state.params, 0)
   return trainer, state, inputs
 
 
@@ -42,7 +43,7 @@ def test_lowered_step_is_the_step_and_its_inputs_are_what_prepare_gives(
     tmp_path):
   trainer, state, inputs = _prepared(tmp_path, 8)
   block_length = inputs['candidates']['token_ids'].shape[-1]
-  abstract = trainer.run.abstract_inputs(8, block_length)
+  abstract = trainer.objective.abstract_inputs(8, block_length)
   assert _shapes(abstract) == _shapes(inputs)
 
   compiled = trainer.lower(abstract).compile()
@@ -53,18 +54,19 @@ def test_lowered_step_is_the_step_and_its_inputs_are_what_prepare_gives(
   np.testing.assert_allclose(metrics['loss'], expected['loss'], rtol=1e-6)
 
 
-def test_ict_abstract_inputs_are_what_prepare_gives():
+def test_ict_abstract_inputs_are_what_prepare_gives(tmp_path):
   run = run_kinds.Ict(query_length=16, block_length=64, bert_dir='')
   examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
-  inputs, _ = run.prepare(examples, None, 0)
-  assert _shapes(run.abstract_inputs(8, 288)) == _shapes(inputs)
+  inputs, _ = run.batch_preparer(str(tmp_path), None).prepare(
+      examples, None, 0)
+  assert _shapes(run.objective.abstract_inputs(8, 288)) == _shapes(inputs)
 
 
 def test_memory_follows_the_shardings():
   """8 trainer devices, 4 builder devices; the index is split 4 ways."""
-  _bind_tiny('build_realm.reader_length = 64', "Pretrain.bert_dir = ''",
-             'train.run = @Pretrain()', 'train.num_steps = 10')
-  programs = aot.compile_and_fit(8, builder_devices=4, num_blocks=10_000,
+  bind_tiny('build_realm.reader_length = 64')
+  programs = aot.compile_and_fit(run_kinds.Pretrain(bert_dir=''), 8, 10, 8,
+                                 builder_devices=4, num_blocks=10_000,
                                  block_length=32, embed_batch_size=64,
                                  search_queries=16, search_k=8,
                                  search_dtype='float32')
@@ -85,16 +87,15 @@ def test_memory_follows_the_shardings():
 
 
 def test_too_few_devices_is_a_clear_error():
-  _bind_tiny('train.run = @Pretrain()', 'train.num_steps = 10')
+  bind_tiny()
   with pytest.raises(ValueError, match='xla_force_host_platform_device_count'
                      '=64'):
-    aot.compile_and_fit(64)
+    aot.compile_and_fit(run_kinds.Pretrain(bert_dir=''), 8, 10, 64)
 
 
 @pytest.mark.slow
 def test_command_fakes_the_mesh_writes_json_and_fails_what_does_not_fit(
     tmp_path):
-  gin.clear_config()
   output = tmp_path / 'aot.json'
   process = subprocess.run(
       [sys.executable, '-m', 'realm_jax.main', 'aot', '--mesh=8',

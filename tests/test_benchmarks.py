@@ -14,6 +14,7 @@ from benchmarks import flops, mips, run
 from realm_jax.models.bert import Bert, BertConfig
 
 
+@pytest.mark.unit
 def test_encoder_flops_are_xlas_matmuls():
   """XLA counts every op; the analytic count, matmuls only, must be just
   below it (softmax, GELU and LayerNorm are ~3% at this width)."""
@@ -29,6 +30,7 @@ def test_encoder_flops_are_xlas_matmuls():
   assert analytic < cost['flops'] < 1.06 * analytic
 
 
+@pytest.mark.unit
 def test_step_flops_add_up_from_the_towers_and_the_reader():
   config = BertConfig(vocab_size=100, hidden_size=8, num_layers=1,
                       num_heads=1, intermediate_size=16)
@@ -40,6 +42,7 @@ def test_step_flops_add_up_from_the_towers_and_the_reader():
       tower(10) + tower(20) + 2 * 6 * 4)
 
 
+@pytest.mark.unit
 def test_numpy_top_k_and_recall():
   rows = np.eye(10, 4, dtype=np.float32) * np.arange(10)[:, None]
   queries = np.ones((1, 4), np.float32)
@@ -52,6 +55,7 @@ def test_numpy_top_k_and_recall():
                                 whole)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
                                                                capsys):

@@ -10,6 +10,8 @@ from flax import linen as nn
 
 from realm_jax.models.bert import Bert, BertConfig, attend, mean_pool
 
+pytestmark = pytest.mark.unit
+
 LOGICAL_AXES = {'vocab', 'embed', 'length', 'token_type', 'heads', 'kv', 'mlp'}
 
 

@@ -5,6 +5,8 @@ import pytest
 
 from realm_jax.evaluation import bootstrap
 
+pytestmark = pytest.mark.unit
+
 
 def test_identical_models_differ_by_exactly_zero():
   a = np.random.default_rng(0).integers(0, 2, 300)

@@ -7,6 +7,8 @@ import pytest
 from realm_jax.models import candidates
 from realm_jax.models.candidates import NULL_DOCUMENT_ID as NULL
 
+pytestmark = pytest.mark.unit
+
 
 def test_null_first_trivial_and_duplicates_dropped_then_padded():
   retrieved = np.array([[7, 3, 7, 9, 4],     # 3 is the query's source block.

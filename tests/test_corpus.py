@@ -10,6 +10,7 @@ from realm_jax.data import corpus
 from realm_jax.data.skips import SkipReport
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize('seed', range(5))
 def test_packing_fills_greedily_and_keeps_order(seed):
   rng = np.random.default_rng(seed)
@@ -39,6 +40,7 @@ def _blocks(directory):
           for b in corpus.read_blocks(directory)]
 
 
+@pytest.mark.unit
 def test_blocks_hold_whole_sentences_within_the_budget(tmp_path, tokenizer):
   sentence = 'The quick brown fox jumps over the lazy dog near the river bank.'
   long_sentence = ' '.join(['antidisestablishmentarianism'] * 60) + '.'
@@ -66,6 +68,7 @@ def test_blocks_hold_whole_sentences_within_the_budget(tmp_path, tokenizer):
       'sentence longer than a block, cut between words': 1}
 
 
+@pytest.mark.unit
 def test_bad_articles_are_counted(tmp_path, tokenizer):
   rows = [{'title': 'Good', 'text': 'Paris is the capital of France.'},
           {'title': 'List of rivers', 'text': 'The Nile. The Amazon.'},
@@ -84,6 +87,7 @@ def test_bad_articles_are_counted(tmp_path, tokenizer):
       'not UTF-8': 1, 'title over 64 wordpieces, cut': 1}
 
 
+@pytest.mark.unit
 def test_the_same_input_gives_the_same_ids_and_fingerprint(tmp_path,
                                                            tokenizer):
   rows = [{'title': f'T{i}', 'text': f'Sentence {i}. Another one {i}.'}
@@ -99,6 +103,7 @@ def test_the_same_input_gives_the_same_ids_and_fingerprint(tmp_path,
   assert meta_c['corpus_fingerprint'] != meta_a['corpus_fingerprint']
 
 
+@pytest.mark.unit
 def test_a_failed_build_leaves_the_previous_corpus(tmp_path, tokenizer,
                                                    monkeypatch):
   rows = [{'title': 'A', 'text': 'First.'}]
@@ -114,11 +119,13 @@ def test_a_failed_build_leaves_the_previous_corpus(tmp_path, tokenizer,
   assert len(_blocks(out)) == 1
 
 
+@pytest.mark.unit
 def test_missing_corpus_says_how_to_build(tmp_path):
   with pytest.raises(FileNotFoundError, match='build-corpus'):
     corpus.load_metadata(str(tmp_path))
 
 
+@pytest.mark.unit
 def test_skip_report_summary():
   report = SkipReport('job')
   assert not report and report.summary() == 'job: nothing skipped.'
@@ -128,6 +135,7 @@ def test_skip_report_summary():
                               '  bad: 5 (e.g. line 0, line 1, line 2)')
 
 
+@pytest.mark.integration
 def test_small_corpus_metadata(small_corpus):
   meta = corpus.load_metadata(os.path.join(small_corpus, 'wiki_leads'))
   assert meta['num_articles'] == 60 and meta['num_blocks'] >= 60

@@ -6,6 +6,8 @@ import pytest
 
 from realm_jax.training import curves
 
+pytestmark = pytest.mark.unit
+
 
 def _write(path, rows):
   path.write_text(''.join(json.dumps(r) + '\n' for r in rows))

@@ -1,7 +1,11 @@
-"""`make demo`'s plumbing: finished stages are skipped, and the results table
-states what did not run."""
+"""`make demo`'s plumbing: finished stages are skipped, the results table
+states what did not run, and its prose the settings the runs saved."""
+
+import pytest
 
 from realm_jax import demo
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_finished_stage_is_skipped_on_a_rerun(tmp_path):
@@ -31,7 +35,7 @@ def test_results_table_states_every_interval_and_what_did_not_run():
       'pretrain_realm': {'mean_index_staleness': 12.5,
                          'max_index_staleness': 30, 'index_steps_kept': [90]},
       'timings': {'corpus': 90.0, 'pretrain_realm': 200.0}}
-  text = demo.markdown(results)
+  text = demo.markdown(results, {})
   assert '| 25.00 | 12.50 | +12.50 [+11.50, +13.50] |' in text
   assert 'interval excludes 0; goal met' in text
   assert '| -7.000 | -7.500 | +0.500 [-0.500, +1.500] |' in text
@@ -43,3 +47,54 @@ def test_results_table_states_every_interval_and_what_did_not_run():
   assert 'AMD EPYC, 2 cores' in text and '150.0 GFLOP/s' in text
   assert '| total | 290 |' in text and '13,353,718' in text
   assert 'REALM minus ICT' in text
+  # No run saved a config: the settings say they are unknown.
+  assert 'the first ? layers' in text and 'steps of batch ?;' in text
+
+
+# A saved operative config as gin writes it: macros first, then parameters.
+CONFIG = """import realm_jax.training.run_kinds
+
+# Macros:
+# ==============================================================================
+BLOCK_LENGTH = 96
+
+# Parameters for BertConfig:
+# ==============================================================================
+BertConfig.dtype = 'float32'
+BertConfig.num_layers = 3
+
+# Parameters for Pretrain:
+# ==============================================================================
+Pretrain.block_length = %BLOCK_LENGTH
+Pretrain.ict_model_dir = None
+Pretrain.num_candidates = 6
+
+# Parameters for train:
+# ==============================================================================
+realm_jax.training.trainer.train.batch_size = 16
+train.run = @Pretrain()
+"""
+
+
+def test_bound_value_reads_the_text_of_a_saved_config():
+  assert demo.bound_value(CONFIG, 'BertConfig.num_layers') == 3
+  assert demo.bound_value(CONFIG, 'Pretrain.block_length') == 96  # The macro.
+  assert demo.bound_value(CONFIG, 'BertConfig.dtype') == 'float32'
+  assert demo.bound_value(CONFIG, 'train.batch_size') == 16  # Module-named.
+  assert demo.bound_value(CONFIG, 'Pretrain.ict_model_dir') is None
+  assert demo.bound_value(CONFIG, 'Pretrain.max_masked') is None  # Unbound.
+
+
+def test_results_prose_states_the_settings_the_runs_saved(tmp_path):
+  """Another setup, other words: the prose reads each run's config.gin."""
+  for name, batch in (('ict', 48), ('reader', 24), ('realm', 4)):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'config.gin').write_text(
+        CONFIG.replace('batch_size = 16', f'batch_size = {batch}'))
+  results = {'preset': 'demo', 'sizes': {'ict_steps': 40, 'reader_steps': 100,
+                                         'pretrain_steps': 100}}
+  text = demo.markdown(results, demo.saved_configs(str(tmp_path)))
+  assert ('the first 3 layers of MiniLM-L6 (the paper: BERT-base), blocks '
+          'cut to 96 wordpieces. ICT 40 steps of batch 48; the reader\'s '
+          'masked-LM warm start 100 steps of batch 24; REALM pre-training '
+          '100 steps of batch 4 with 6 candidates') in text

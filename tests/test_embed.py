@@ -4,11 +4,14 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from realm_jax.data import corpus
 from realm_jax.index.embed import (DocumentEmbedder, block_arrays,
                                    local_block_arrays)
 from realm_jax.models.retriever import Retriever, init_retriever_params
+
+pytestmark = pytest.mark.integration
 
 
 def test_block_arrays_are_the_document_tower_inputs(small_corpus, tokenizer):

@@ -9,6 +9,7 @@ import pytest
 from realm_jax import embedded
 
 
+@pytest.mark.unit
 def test_locators_return_the_shipped_files():
   for name in ('model.safetensors', 'config.json', 'vocab.txt'):
     assert os.path.isfile(os.path.join(embedded.minilm_dir(), name))
@@ -17,6 +18,7 @@ def test_locators_return_the_shipped_files():
   assert os.path.isfile(os.path.join(embedded.ner_model_dir(), 'meta.json'))
 
 
+@pytest.mark.integration
 def test_locating_imports_none_of_the_packages():
   code = ('import sys; from realm_jax import embedded; '
           'embedded.minilm_dir(); embedded.wiki_leads_json(); '
@@ -29,6 +31,7 @@ def test_locating_imports_none_of_the_packages():
   assert out.strip() == '[]'
 
 
+@pytest.mark.unit
 def test_missing_package_says_how_to_install():
   with pytest.raises(FileNotFoundError, match='pip install no_such_package'):
     embedded.package_dir('no_such_package')

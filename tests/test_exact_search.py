@@ -6,6 +6,8 @@ import pytest
 
 from realm_jax.index.exact import ExactSearcher, exact_search
 
+pytestmark = pytest.mark.unit
+
 
 def _brute_force(queries, docs, k, exclude=None):
   scores = (queries.astype(np.float64) @ docs.T.astype(np.float64))

@@ -1,8 +1,11 @@
 """ICT examples: the query is a sentence of the block, removed 90% of the time."""
 
+import pytest
 import tensorflow as tf
 
 from realm_jax.data.ict import ict_example
+
+pytestmark = pytest.mark.unit
 
 SENTENCES = [[11, 12, 13], [21, 22], [31, 32, 33, 34], [41]]
 

@@ -18,6 +18,8 @@ import pytest
 from launch import config as config_lib
 from launch import local, pod
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER = os.path.join(ROOT, 'launch', 'configs', 'paper_v4.toml')
 LOCATION = '--zone=us-central2-b --project=YOUR_PROJECT'
@@ -119,13 +121,10 @@ def test_the_shipped_gin_files_and_bindings_parse():
   import realm_jax.models.realm  # pylint: disable=unused-import
   config = config_lib.load(PAPER)
   gin.add_config_file_search_path(ROOT)
-  try:
-    for _, slice_ in config.slices():
-      gin.clear_config()
-      gin.parse_config_files_and_bindings(list(slice_.gin_files),
-                                          list(slice_.gin_bindings))
-  finally:
+  for _, slice_ in config.slices():
     gin.clear_config()
+    gin.parse_config_files_and_bindings(list(slice_.gin_files),
+                                        list(slice_.gin_bindings))
 
 
 def test_logs_stop_down_and_all(capsys):
@@ -465,15 +464,8 @@ def test_ctrl_c_stops_both(tmp_path):
   builder = _python(tmp_path, 'builder', 'time.sleep(60)')
   trainer = _python(tmp_path, 'trainer', 'os.kill(os.getppid(), '
                     'signal.SIGINT); time.sleep(60)', after='builder')
-  # Python's own SIGINT handler, as in a fresh `realm-jax` process: native
-  # libraries loaded by earlier tests in this process may have replaced it.
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    with pytest.raises(KeyboardInterrupt):
-      local.run_beside(trainer, builder, beside_timeout=30)
-  finally:
-    if previous is not None:
-      signal.signal(signal.SIGINT, previous)
+  with pytest.raises(KeyboardInterrupt):
+    local.run_beside(trainer, builder, beside_timeout=30)
   assert not _alive(_pid(tmp_path, 'trainer'))
   assert not _alive(_pid(tmp_path, 'builder'))
 

@@ -10,6 +10,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from realm_jax.models import losses
 
+pytestmark = pytest.mark.unit
+
 
 def _random_inputs(rng, batch=4, k=6, tokens=3, vocab=11):
   scores = rng.standard_normal((batch, k))

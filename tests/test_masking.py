@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from realm_jax.data import masking, salient_spans
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope='module')
 def annotated(small_corpus):
@@ -101,7 +103,7 @@ def test_masks_are_deterministic_for_a_seed(annotated, tokenizer):
       np.testing.assert_array_equal(a[key], b[key], err_msg=name)
 
 
-@pytest.mark.usefixtures('small_corpus_gin')
+@pytest.mark.usefixtures('small_corpus_env')
 def test_the_pipeline_masks_queries_of_the_run_length(tokenizer):
   from realm_jax.training import input_pipeline  # pylint: disable=g-import-not-at-top
   shapes = {'query_token_ids': (16,), 'mlm_positions': (8,),

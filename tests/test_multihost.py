@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from realm_jax.training import input_pipeline
-from tests.test_trainer import REPO, RETRIEVAL, TINY
+from tests.helpers import REPO, RETRIEVAL, TINY
 
-pytestmark = pytest.mark.usefixtures('small_corpus_gin')
+pytestmark = [pytest.mark.integration,
+              pytest.mark.usefixtures('small_corpus_env')]
 
 TASK = 'ict_wiki_leads'
 ICT_SHAPES = {'query_token_ids': (16,), 'block_id': ()}

@@ -1,19 +1,13 @@
 """The Open-QA benchmarks load with the row counts of shared/data's README."""
 
-import os
-
 import pytest
 
 from realm_jax.data import open_qa
 from realm_jax.data.skips import SkipReport
-
-DATA_DIR = os.environ.get(open_qa.DATA_DIR_ENV) or os.path.join(
-    os.path.dirname(__file__), '..', '..', 'shared', 'data')
-needs_data = pytest.mark.skipif(
-    not os.path.isdir(os.path.join(DATA_DIR, 'nq_open')),
-    reason=f'no Open-QA data at {DATA_DIR} (set {open_qa.DATA_DIR_ENV})')
+from tests.helpers import DATA_DIR, needs_data
 
 
+@pytest.mark.integration
 @needs_data
 @pytest.mark.parametrize('benchmark,split,rows', [
     ('nq_open', 'train', 8_757), ('nq_open', 'test', 3_610),
@@ -27,6 +21,7 @@ def test_row_counts(benchmark, split, rows):
   assert all(e.question and e.answers for e in examples)
 
 
+@pytest.mark.integration
 @needs_data
 def test_a_pattern_with_a_tab_stays_whole():
   examples = open_qa.load('curated_trec', 'train', DATA_DIR)
@@ -34,6 +29,7 @@ def test_a_pattern_with_a_tab_stays_whole():
   assert len(curies) == 1 and '\t' in curies[0].answers[0]
 
 
+@pytest.mark.unit
 def test_bad_rows_are_counted_not_raised(tmp_path):
   (tmp_path / 'nq_open').mkdir()
   (tmp_path / 'nq_open' / 'NQ-open.dev.jsonl').write_bytes(
@@ -56,6 +52,7 @@ def test_bad_rows_are_counted_not_raised(tmp_path):
   assert 'NQ-open.dev.jsonl:2' in report.summary()
 
 
+@pytest.mark.unit
 def test_missing_directory_says_what_to_set(monkeypatch):
   monkeypatch.delenv(open_qa.DATA_DIR_ENV, raising=False)
   with pytest.raises(FileNotFoundError, match=open_qa.DATA_DIR_ENV):

@@ -9,6 +9,8 @@ from flax import linen as nn
 from realm_jax.models.realm import Realm
 from realm_jax.training import optimizer
 
+pytestmark = pytest.mark.unit
+
 
 def test_schedule_warms_up_then_decays_to_zero():
   schedule = optimizer.bert_schedule(1e-4, warmup_steps=10, total_steps=110)

@@ -10,6 +10,8 @@ from jax.sharding import PartitionSpec as P
 from realm_jax.models.bert import Bert
 from realm_jax.training import partitioning
 
+pytestmark = pytest.mark.unit
+
 
 def test_mesh_shape_and_errors():
   mesh = partitioning.make_mesh(model=2)

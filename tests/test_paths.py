@@ -46,6 +46,7 @@ def _copy(source: str, target: epath.Path) -> epath.Path:
   return target
 
 
+@pytest.mark.unit
 def test_metrics_append_across_resumes_and_plot_on_a_remote_dir(ram):
   path = str(ram / 'run' / 'train_metrics.jsonl')
   ram.joinpath('run').mkdir(parents=True)
@@ -59,6 +60,7 @@ def test_metrics_append_across_resumes_and_plot_on_a_remote_dir(ram):
   assert (ram / 'run' / 'train_curves.png').read_bytes()[:4] == b'\x89PNG'
 
 
+@pytest.mark.unit
 def test_weights_and_vocab_load_from_a_remote_dir(ram, minilm_dir):
   remote = _copy(minilm_dir, ram / 'minilm')
   config = pretrained.config_from_hf(str(remote / 'config.json'))
@@ -70,6 +72,7 @@ def test_weights_and_vocab_load_from_a_remote_dir(ram, minilm_dir):
       os.path.join(minilm_dir, 'vocab.txt')).vocab
 
 
+@pytest.mark.integration
 def test_a_corpus_reads_from_a_remote_dir(ram, small_corpus):
   local = os.path.join(small_corpus, 'wiki_leads')
   remote = str(_copy(local, ram / 'wiki_leads'))
@@ -94,6 +97,7 @@ def _calls(tree):
         yield node.lineno, name
 
 
+@pytest.mark.unit
 def test_no_local_only_file_calls_in_the_library_and_tasks():
   found = []
   for package in PACKAGES:
@@ -108,6 +112,7 @@ def test_no_local_only_file_calls_in_the_library_and_tasks():
   assert not found, 'use etils.epath instead:\n' + '\n'.join(found)
 
 
+@pytest.mark.unit
 def test_the_scan_catches_a_bare_open():
   tree = ast.parse("with open(os.path.join(model_dir, 'x')) as f:\n  pass\n"
                    "os.makedirs(d)\nepath.Path(d).open()\n")

@@ -8,9 +8,11 @@ import pytest
 
 from realm_jax import main
 from realm_jax.evaluation import masked_lm, prediction
-from tests import test_trainer
+from realm_jax.training import run_loader
+from tests.helpers import RETRIEVAL, train_tiny
 
 
+@pytest.mark.unit
 def test_cloze_query_makes_one_mask_token_per_mask(tokenizer):
   ids, positions = prediction.cloze_query(
       tokenizer, 'The [MASK] is the capital of [MASK].', 32)
@@ -21,6 +23,7 @@ def test_cloze_query_makes_one_mask_token_per_mask(tokenizer):
     prediction.cloze_query(tokenizer, 'no blank here', 32)
 
 
+@pytest.mark.unit
 def test_fill_marginal_is_the_mixture_of_the_conditionals():
   rng = np.random.default_rng(0)
   scores = rng.standard_normal((2, 4)).astype(np.float32)
@@ -38,15 +41,19 @@ def test_fill_marginal_is_the_mixture_of_the_conditionals():
   np.testing.assert_allclose(np.exp(log_p_y_z), p_y_z, atol=1e-6)
 
 
-pytestmark = pytest.mark.usefixtures('small_corpus_gin')
-
-
-def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys):
+@pytest.mark.integration
+@pytest.mark.usefixtures('small_corpus_env')
+def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys,
+                                                     monkeypatch):
   model_dir = str(tmp_path / 'pretrain')
-  test_trainer._train(model_dir, 'pretrain', *test_trainer.RETRIEVAL,
-                      '--gin.train.num_steps=2')
-  gin.clear_config()
-  result = prediction.ClozePredictor(model_dir).fill(
+  train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
+  monkeypatch.chdir(tmp_path)  # A relative model_dir, as from the shell.
+  loaded = run_loader.load_run('pretrain')
+  assert (loaded.kind, loaded.model_dir, loaded.step, loaded.index_step) == (
+      'Pretrain', model_dir, 2, 0)  # The trainer's own first index.
+  assert 'Pretrain.num_candidates = 4' in loaded.config
+  assert loaded.run.objective.num_candidates == 4
+  result = prediction.ClozePredictor('pretrain').fill(
       'The [MASK] is the capital of France.')
   assert '[MASK]' not in result['filled'] and 'capital' in result['filled']
   documents = result['documents']
@@ -66,10 +73,11 @@ def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys):
   assert 'filled:' in out and '(null document)' in out and 'p(z|x)' in out
 
 
+@pytest.mark.integration
+@pytest.mark.usefixtures('small_corpus_env')
 def test_masked_lm_eval_with_and_without_retrieval(tmp_path):
   model_dir = str(tmp_path / 'pretrain')
-  test_trainer._train(model_dir, 'pretrain', *test_trainer.RETRIEVAL,
-                      '--gin.train.num_steps=2')
+  train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
   out = str(tmp_path / 'eval')
   realm = masked_lm.evaluate(model_dir, out, 'realm', batch_size=8,
                              max_queries=20)
@@ -103,6 +111,7 @@ def test_masked_lm_eval_with_and_without_retrieval(tmp_path):
   assert realm['null_document_accuracy'] == alone['masked_token_accuracy']
 
 
+@pytest.mark.unit
 def test_span_retrieved_finds_the_masked_span_verbatim_in_a_candidate():
   blocks = np.array([[[0, 0, 0, 0], [5, 7, 8, 9]],     # 7 8 in candidate 1
                      [[0, 0, 0, 0], [7, 5, 8, 0]],     # 7 and 8, apart

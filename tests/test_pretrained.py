@@ -14,6 +14,8 @@ from safetensors.numpy import save_file
 from realm_jax.models import pretrained
 from realm_jax.models.bert import Bert, BertConfig, mean_pool
 
+pytestmark = pytest.mark.unit
+
 # Public reference: all-MiniLM-L6-v2's mean-pooled, L2-normalized embedding of
 # "hello world" (sentence-transformers) begins with these values.
 HELLO_WORLD_REFERENCE = [-0.034478, 0.03102, 0.00673, 0.02611, -0.039362]

@@ -2,7 +2,11 @@
 
 import io
 
+import pytest
+
 from realm_jax.progress import Progress
+
+pytestmark = pytest.mark.unit
 
 
 class _Clock:

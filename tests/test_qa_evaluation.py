@@ -9,22 +9,11 @@ import numpy as np
 import pytest
 
 from realm_jax import main
-from realm_jax.data import corpus
+from realm_jax.data import answer_matching, corpus
 from realm_jax.evaluation import qa_evaluation
 from realm_jax.evaluation.answers import BlockTexts, answers_of
-from tests import test_trainer
+from tests.helpers import ARTICLES, NQ_TEST, finetuned
 
-# Every body starts with "Zebra" and holds "stripes"; none says "giraffe".
-ARTICLES = [{'title': f'Animal {i}',
-             'text': f'Zebra herd number {i} has black and white stripes. '
-                     f'It lives in park {i}.'} for i in range(11)] + [
-    {'title': 'Crossings',
-     'text': 'Zebra crossings of São Paulo, U.S.A.  are 1,000 km long; '
-             'their stripes are white.'}]
-NQ_TEST = [('what animal has black and white stripes?', ['Zebra']),
-           ('which animal lives in park 3?', ['zebra.']),
-           ('what is the tallest animal?', ['giraffe']),
-           ('what do zebras have?', ['stripes'])]
 TREC_TEST = [('what animal is striped?', 'zeb.a'),
              ('name a tall animal', 'giraffe|okapi')]
 
@@ -48,18 +37,7 @@ def zebra(tmp_path, tokenizer, monkeypatch):
         f'{i}\tfactoid\t{q}\t{a}\n' for i, (q, a) in enumerate(TREC_TEST)))
   monkeypatch.setenv('REALM_CORPUS_DIR', str(tmp_path / 'corpora'))
   monkeypatch.setenv('REALM_DATA_DIR', str(data))
-  gin.clear_config()
-  yield tmp_path
-  gin.clear_config()
-
-
-def _finetuned(tmp_path, *flags):
-  model_dir = str(tmp_path / 'finetune')
-  test_trainer._train(model_dir, 'finetune', "--gin.Finetune.bert_dir=''",
-                      '--gin.Finetune.query_length=16',
-                      '--gin.train.num_steps=2',
-                      *flags)
-  return model_dir
+  return tmp_path
 
 
 def _flat_reader(predictor):
@@ -70,8 +48,9 @@ def _flat_reader(predictor):
       np.zeros_like, score)
 
 
+@pytest.mark.integration
 def test_eval_gives_the_known_exact_match_and_recall(zebra):
-  model_dir = _finetuned(zebra)
+  model_dir = finetuned(zebra)
   predictor = qa_evaluation.QAPredictor(model_dir, top_spans=1)
   _flat_reader(predictor)
   out = str(zebra / 'eval')
@@ -92,6 +71,21 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
   assert trec['regex_match'] == 50.0 and trec['recall@5'] == 50.0
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize('references,regex', [
+    (['Zebra'], False), (['São Paulo'], False), (['sao paulo'], False),
+    (['stripes zebra'], False),  # Across two blocks: not an answer.
+    (['giraffe'], False), (['the'], False),
+    (['zeb.a'], True), (['stripes.*Zebra'], True), (['(unclosed'], True),
+])
+def test_answer_in_corpus_is_has_answer_of_some_block(references, regex):
+  """AnswerIndex joins every block once; the rule is has_answer's."""
+  bodies = [a['text'] for a in ARTICLES]
+  assert qa_evaluation.AnswerIndex(bodies).anywhere(references, regex) == any(
+      answer_matching.has_answer(b, references, regex) for b in bodies)
+
+
+@pytest.mark.integration
 def test_span_text_keeps_the_casing_accents_and_spacing(zebra, tokenizer):
   texts = BlockTexts(str(zebra / 'corpora' / 'wiki_leads'), tokenizer)
   block = next(i for i, t in texts.titles.items() if t == 'Crossings')
@@ -104,6 +98,7 @@ def test_span_text_keeps_the_casing_accents_and_spacing(zebra, tokenizer):
                          ids[first:last + 1]) == phrase
 
 
+@pytest.mark.integration
 def test_answer_probability_adds_the_blocks_that_spell_it(zebra, tokenizer):
   texts = BlockTexts(str(zebra / 'corpora' / 'wiki_leads'), tokenizer)
   a0, a1 = (next(i for i, t in texts.titles.items() if t == f'Animal {n}')
@@ -123,8 +118,9 @@ def test_answer_probability_adds_the_blocks_that_spell_it(zebra, tokenizer):
   np.testing.assert_allclose(answers[1].probability, 0.75 * 0.2)
 
 
+@pytest.mark.integration
 def test_ask_prints_the_answer_and_its_blocks(zebra, capsys):
-  model_dir = _finetuned(zebra)
+  model_dir = finetuned(zebra)
   gin.clear_config()
   main.main(['ask', 'what animal has stripes?', f'--model_dir={model_dir}'])
   out = capsys.readouterr().out

@@ -21,6 +21,8 @@ from realm_jax.models import losses
 from realm_jax.models.bert import BertConfig
 from realm_jax.models.realm import Realm
 
+pytestmark = pytest.mark.integration
+
 CLS, SEP, MASK = 2, 3, 4
 KEYS, VALUES = np.arange(5, 35), np.arange(35, 64)
 DOCS, GROUPS = 8, 4  # 8 documents per group; 4 groups (32 queries) a step.

@@ -16,6 +16,8 @@ from realm_jax.models.bert import Bert
 from realm_jax.models.realm import Realm
 from realm_jax.models.retriever import Retriever, init_retriever_params
 
+pytestmark = pytest.mark.unit
+
 
 def _tokens(rng, shape, vocab=64, length=None):
   token_ids = rng.integers(5, vocab, shape).astype(np.int32)

@@ -8,24 +8,22 @@ import sys
 import threading
 import time
 
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
 from realm_jax.data import corpus
-from realm_jax.index import publication, steps
+from realm_jax import run_directory
+from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
 from realm_jax.index.refresh import IndexBuilder, due_step
 from realm_jax.index.embed import DocumentEmbedder, block_arrays
-from realm_jax.models.bert import BertConfig
-from realm_jax.models.retriever import Retriever, init_retriever_params
+from tests.helpers import TrainerStandIn, tiny_retriever
+
+pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_GIN = os.path.join(ROOT, 'gin', 'models', 'tiny.gin')
-# gin/models/tiny.gin, as the trainer stand-in builds it.
-TINY = BertConfig(hidden_size=128, num_layers=2, num_heads=2,
-                  intermediate_size=512)
 # Pauses the builder's second publish after it wrote the index metadata, so
 # the test can kill it mid-publish.
 PAUSE_SECOND_PUBLISH = '''
@@ -44,10 +42,6 @@ sys.exit(main.main(sys.argv[1:]))
 '''
 
 
-def _retriever():
-  return Retriever(TINY)
-
-
 def _builder(model_dir, corpus_dir, code=None):
   args = ['refresh', '--model_dir', model_dir, '--corpus_dir', corpus_dir,
           '--gin_file', TINY_GIN, '--poll_seconds', '0.2', '--batch_size',
@@ -56,36 +50,6 @@ def _builder(model_dir, corpus_dir, code=None):
              [sys.executable, '-m', 'realm_jax.main']) + args
   return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
-
-
-class _Trainer:
-  """Stands in for the trainer: saves retriever params, reads the index."""
-
-  def __init__(self, model_dir, corpus_dir):
-    self.model_dir = model_dir
-    self.checkpoints = ocp.CheckpointManager(
-        publication.checkpoints_dir(model_dir))
-    self.params = init_retriever_params(_retriever(), jax.random.key(0))
-    self.saved = {}
-    self.step = 0  # The trainer's step counter: refreshes look as it grows.
-    self.client = IndexClient(model_dir, corpus.load_metadata(corpus_dir),
-                              dim=128)
-
-  def save(self, step):
-    self.params = jax.tree.map(lambda x: x * 1.01, self.params)
-    self.checkpoints.save(step, args=ocp.args.Composite(**{
-        publication.RETRIEVER_ITEM: ocp.args.StandardSave(self.params)}))
-    self.checkpoints.wait_until_finished()
-    self.saved[step] = self.params
-
-  def wait_for_index(self, index_step, builder, timeout=180):
-    deadline = time.time() + timeout
-    while self.client.index_step != index_step:
-      assert time.time() < deadline, builder.stdout.read()
-      assert builder.poll() is None, builder.stdout.read()
-      self.step += 1
-      self.client.maybe_refresh()
-      time.sleep(0.1)
 
 
 @pytest.fixture
@@ -97,7 +61,7 @@ def dirs(small_corpus, tmp_path):
 def test_trainer_sees_refreshes_from_the_builder_process(dirs):
   model_dir, corpus_dir = dirs
   builder = _builder(model_dir, corpus_dir)
-  trainer = _Trainer(model_dir, corpus_dir)
+  trainer = TrainerStandIn(model_dir, corpus_dir)
   staleness, step, deadline = [], 0, time.time() + 240
   while trainer.client.refreshes < 3:
     assert time.time() < deadline and builder.poll() is None, \
@@ -109,7 +73,7 @@ def test_trainer_sees_refreshes_from_the_builder_process(dirs):
     if trainer.client.index_step is not None:
       staleness.append(trainer.client.staleness(step))
     time.sleep(0.05)
-  publication.mark_training_done(model_dir)
+  run_directory.mark_training_done(model_dir)
   assert builder.wait(timeout=120) == 0
   log = builder.stdout.read()
   assert log.count('published index step') >= 3
@@ -119,9 +83,9 @@ def test_trainer_sees_refreshes_from_the_builder_process(dirs):
   # The builder's embeddings are the document tower's, at the index's step.
   arrays = block_arrays(corpus_dir)
   index_step = trainer.client.index_step
-  expected = DocumentEmbedder(_retriever(), 16)(trainer.saved[index_step],
-                                                arrays)
-  manager = publication.index_manager(publication.index_dir(model_dir), True)
+  expected = DocumentEmbedder(tiny_retriever(), 16)(
+      trainer.saved[index_step], arrays)
+  manager = publication.index_manager(run_directory.index_dir(model_dir), True)
   published = manager.restore(index_step, args=ocp.args.Composite(
       embeddings=ocp.args.StandardRestore()))['embeddings']['embeddings']
   np.testing.assert_allclose(published, expected, rtol=1e-4, atol=1e-4)
@@ -133,12 +97,12 @@ def test_trainer_sees_refreshes_from_the_builder_process(dirs):
 SLOW_BUILDER = '''
 import sys, time
 from realm_jax import main
-from realm_jax.index import refresh
-embed = refresh.embed_corpus
+from realm_jax.index import publication
+embed = publication.embed_corpus
 def slow(*args, **kwargs):
   time.sleep(1.0)
   return embed(*args, **kwargs)
-refresh.embed_corpus = slow
+publication.embed_corpus = slow
 sys.exit(main.main(sys.argv[1:]))
 '''
 
@@ -149,7 +113,7 @@ def test_the_trainer_swaps_in_each_index_at_its_next_step(dirs):
   longer than a step; the trainer still serves each new index from the
   first step that starts after its publication."""
   model_dir, corpus_dir = dirs
-  trainer = _Trainer(model_dir, corpus_dir)
+  trainer = TrainerStandIn(model_dir, corpus_dir)
   trainer.save(0)
   builder = _builder(model_dir, corpus_dir, SLOW_BUILDER)
   published = []  # (trainer step, time) of each 'published index step' line.
@@ -169,7 +133,7 @@ def test_the_trainer_swaps_in_each_index_at_its_next_step(dirs):
     started = time.time()
     trainer.client.maybe_refresh()
     looks.append((started, trainer.client.index_step))
-  publication.mark_training_done(model_dir)
+  run_directory.mark_training_done(model_dir)
   assert builder.wait(timeout=120) == 0
   reader.join(timeout=10)
   gaps = np.diff([step for step, _ in published[:4]])
@@ -182,13 +146,13 @@ def test_the_trainer_swaps_in_each_index_at_its_next_step(dirs):
 @pytest.mark.slow
 def test_a_builder_killed_mid_publish_leaves_the_previous_index(dirs):
   model_dir, corpus_dir = dirs
-  trainer = _Trainer(model_dir, corpus_dir)
+  trainer = TrainerStandIn(model_dir, corpus_dir)
   builder = _builder(model_dir, corpus_dir, PAUSE_SECOND_PUBLISH)
   trainer.save(1)
   trainer.wait_for_index(1, builder)
   trainer.save(2)
   deadline = time.time() + 120
-  index = publication.index_dir(model_dir)
+  index = run_directory.index_dir(model_dir)
   while not glob.glob(os.path.join(index, '2.*tmp*')):
     assert time.time() < deadline and builder.poll() is None
     time.sleep(0.05)
@@ -203,7 +167,7 @@ def test_a_builder_killed_mid_publish_leaves_the_previous_index(dirs):
 
   builder = _builder(model_dir, corpus_dir)  # The next refresh succeeds.
   trainer.wait_for_index(2, builder)
-  publication.mark_training_done(model_dir)
+  run_directory.mark_training_done(model_dir)
   assert builder.wait(timeout=120) == 0
 
 
@@ -213,8 +177,8 @@ def test_the_builder_survives_a_killed_trainer(dirs):
   trainer_code = f'''
 import itertools, sys, time
 sys.path.insert(0, {ROOT!r})
-from tests.test_refresh import _Trainer
-trainer = _Trainer({model_dir!r}, {corpus_dir!r})
+from tests.helpers import TrainerStandIn
+trainer = TrainerStandIn({model_dir!r}, {corpus_dir!r})
 for step in itertools.count(1):
   trainer.save(step)
   print(step, flush=True)
@@ -233,7 +197,7 @@ for step in itertools.count(1):
     time.sleep(0.1)
   trainer.send_signal(signal.SIGKILL)
   trainer.wait()
-  last = publication.trainer_checkpoints(model_dir).latest_step()
+  last = run_directory.trainer_checkpoints(model_dir).latest_step()
   while client.index_step != last:  # The builder catches up, then waits.
     assert time.time() < deadline and builder.poll() is None, \
         builder.stdout.read()
@@ -242,12 +206,12 @@ for step in itertools.count(1):
     time.sleep(0.1)
   time.sleep(2)
   assert builder.poll() is None  # Still polling: no crash, no exit.
-  publication.mark_training_done(model_dir)
+  run_directory.mark_training_done(model_dir)
   assert builder.wait(timeout=60) == 0
 
 
 def _publish(model_dir, step, embeddings, metadata):
-  manager = publication.index_manager(publication.index_dir(model_dir))
+  manager = publication.index_manager(run_directory.index_dir(model_dir))
   publication.publish(manager, step, embeddings, metadata)
 
 
@@ -282,7 +246,7 @@ def _served_staleness(model_dir, corpus_dir, stale_factor):
   """Staleness per step of a trainer stand-in that checkpoints every 4
   steps for 120 steps, with the builder (cadence 4 x stale_factor) polled
   after every step; and the steps the builder embedded."""
-  trainer = _Trainer(model_dir, corpus_dir)
+  trainer = TrainerStandIn(model_dir, corpus_dir)
   trainer.save(0)
   builder = IndexBuilder(model_dir, corpus_dir, interval=4 * stale_factor)
   builder.poll()
@@ -293,18 +257,16 @@ def _served_staleness(model_dir, corpus_dir, stale_factor):
     builder.poll()
     trainer.client.maybe_refresh()
     staleness.append(trainer.client.staleness(step))
-  published = steps.reload(builder.index)
+  published = run_directory.reload(builder.index)
   return np.mean(staleness), published
 
 
 @pytest.fixture
 def tiny_gin():
-  """The in-process builder's towers: gin/models/tiny.gin, as _Trainer's."""
+  """The in-process builder's towers: gin/models/tiny.gin, as
+  TrainerStandIn's."""
   import gin  # pylint: disable=g-import-not-at-top
-  gin.clear_config()
   gin.parse_config_file(TINY_GIN)
-  yield
-  gin.clear_config()
 
 
 @pytest.mark.slow
@@ -328,7 +290,7 @@ def test_scann_indexes_are_published_and_loaded(dirs):
   meta = corpus.load_metadata(corpus_dir)
   embeddings = np.random.default_rng(1).standard_normal(
       (meta['num_blocks'], 128)).astype(np.float32)
-  manager = publication.index_manager(publication.index_dir(model_dir))
+  manager = publication.index_manager(run_directory.index_dir(model_dir))
   from realm_jax.index.scann_searcher import build_scann  # pylint: disable=g-import-not-at-top
   publication.publish(manager, 3, embeddings, publication.index_metadata(
       meta, embeddings, 3, 'scann'), build_scann(embeddings))

@@ -8,6 +8,7 @@ import tensorflow as tf
 from realm_jax.data import corpus, salient_spans
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize('text,dates', [
     ('Apollo 11 landed on 20 July 1969.', ['20 July 1969']),
     ('It launched in July 1969 and returned July 24, 1969.',
@@ -18,6 +19,7 @@ def test_date_pattern(text, dates):
   assert [text[s:e] for s, e in salient_spans.date_spans(text)] == dates
 
 
+@pytest.mark.unit
 def test_overlapping_spans_keep_the_longer():
   spans = [(0, 4, 'DATE'), (0, 12, 'DATE'), (14, 20, 'PERSON'),
            (18, 25, 'ORG')]
@@ -43,6 +45,7 @@ def _block(body, sentences):
           'sentence_ends': ends}
 
 
+@pytest.mark.unit
 def test_a_known_sentence_gets_its_entity_and_date_spans(annotator):
   sentences = ['Neil Armstrong walked on the Moon on 20 July 1969.',
                'Café Müller is a ballet by Pina Bausch.']
@@ -54,6 +57,7 @@ def test_a_known_sentence_gets_its_entity_and_date_spans(annotator):
   assert texts['Pina Bausch'] == 1  # Offsets are bytes: é and ü count twice.
 
 
+@pytest.mark.unit
 def test_spans_past_the_query_budget_are_dropped_and_counted(annotator):
   sentence = ('The long preamble goes on' + ' and on' * 12 +
               ' until finally Neil Armstrong appears.')
@@ -64,6 +68,7 @@ def test_spans_past_the_query_budget_are_dropped_and_counted(annotator):
   assert annotator.report.counts['block without a salient span'] == 1
 
 
+@pytest.mark.integration
 def test_annotated_corpus(small_corpus):
   directory = os.path.join(small_corpus, 'wiki_leads')
   with open(os.path.join(directory, 'annotated', corpus.METADATA)) as f:

@@ -11,6 +11,7 @@ def _recall(found, exact):
   return np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(found, exact)])
 
 
+@pytest.mark.unit
 @pytest.mark.slow
 def test_recall_at_8_on_100k_random_vectors():
   rng = np.random.default_rng(0)
@@ -23,6 +24,7 @@ def test_recall_at_8_on_100k_random_vectors():
   assert recall >= 0.95
 
 
+@pytest.mark.unit
 def test_exclusions_and_serialization(tmp_path):
   rng = np.random.default_rng(1)
   docs = rng.standard_normal((3_000, 32)).astype(np.float32)
@@ -41,6 +43,7 @@ def test_exclusions_and_serialization(tmp_path):
                                 searcher.search(queries, 8)[1])
 
 
+@pytest.mark.unit
 def test_small_corpora_are_searched_exactly():
   rng = np.random.default_rng(2)
   docs = rng.standard_normal((100, 16)).astype(np.float32)
@@ -51,6 +54,7 @@ def test_small_corpora_are_searched_exactly():
   np.testing.assert_allclose(scores, exact_scores, atol=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_recall_at_8_on_real_corpus_embeddings(tmp_path, tokenizer, minilm_dir):
   """1,300 Wikipedia leads, cut into 96-wordpiece blocks, through the MiniLM

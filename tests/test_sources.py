@@ -7,6 +7,8 @@ import pytest
 from realm_jax import embedded
 from realm_jax.data import sources
 
+pytestmark = pytest.mark.unit
+
 
 def test_reads_every_embedded_lead():
   articles = list(sources.read_wiki_leads(embedded.wiki_leads_json()))

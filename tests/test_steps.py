@@ -15,7 +15,6 @@ import time
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -23,16 +22,15 @@ from etils import epath
 from orbax.checkpoint._src.path import step as orbax_step
 
 from realm_jax.data import corpus
-from realm_jax.index import publication, refresh, steps
+from realm_jax import run_directory
+from realm_jax.index import publication, refresh
 from realm_jax.index.client import IndexClient
-from realm_jax.models.bert import BertConfig
-from realm_jax.models.retriever import Retriever, init_retriever_params
-from realm_jax.training import checkpoints
-from realm_jax.training.train_state import TrainState
+from tests.helpers import DIM, BuilderStandIn, trainer_writer
+
+pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_GIN = os.path.join(ROOT, 'gin', 'models', 'tiny.gin')
-DIM = 128  # tiny.gin's projection.
 
 
 @pytest.fixture
@@ -76,31 +74,13 @@ def _before_reading(monkeypatch, handler, prune) -> list:
   return calls
 
 
-class _Builder:
-  """Publishes indexes as the index builder does, keeping `keep`; the
-  embeddings of step s are all s, so a mixed read would show."""
-
-  def __init__(self, model_dir, corpus_dir, keep=2):
-    self.manager = publication.index_manager(
-        publication.index_dir(model_dir), max_to_keep=keep)
-    self.meta = corpus.load_metadata(corpus_dir)
-    self.step = -1
-
-  def publish(self):
-    self.step += 1
-    embeddings = np.full((self.meta['num_blocks'], DIM), self.step, np.float32)
-    publication.publish(self.manager, self.step, embeddings,
-                        publication.index_metadata(self.meta, embeddings,
-                                                   self.step, 'exact'))
-
-
 def test_the_client_survives_an_index_pruned_while_listed(dirs, monkeypatch,
                                                           caplog):
   model_dir, corpus_dir = dirs
-  builder = _Builder(model_dir, corpus_dir)
+  builder = BuilderStandIn(model_dir, corpus_dir)
   builder.publish(), builder.publish()
   client = IndexClient(model_dir, builder.meta, dim=DIM)
-  listings = _after_listing(monkeypatch, publication.index_dir(model_dir),
+  listings = _after_listing(monkeypatch, run_directory.index_dir(model_dir),
                             builder.publish, times=2)
   assert client.maybe_refresh()
   assert client.index_step == builder.step == 3
@@ -115,7 +95,7 @@ def test_the_client_survives_an_index_pruned_while_listed(dirs, monkeypatch,
 def test_the_client_skips_an_index_pruned_while_loaded(dirs, monkeypatch,
                                                        caplog, handler):
   model_dir, corpus_dir = dirs
-  builder = _Builder(model_dir, corpus_dir)
+  builder = BuilderStandIn(model_dir, corpus_dir)
   builder.publish()  # Step 0; its read prunes it (two newer ones are kept).
   client = IndexClient(model_dir, builder.meta, dim=DIM)
   _before_reading(monkeypatch, handler,
@@ -129,42 +109,23 @@ def test_the_client_skips_an_index_pruned_while_loaded(dirs, monkeypatch,
   np.testing.assert_array_equal(client.document_embeddings([0, 5]), 2)
 
 
-def _trainer_writer(model_dir, keep=2):
-  """The trainer's own checkpoint writer, and a save of step s whose towers'
-  parameters are all s."""
-  params = init_retriever_params(Retriever(BertConfig(
-      hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512)),
-                                 jax.random.key(0))
-  writer = checkpoints.Checkpoints(model_dir, save_every=1, keep=keep)
-
-  def save(step):
-    state = TrainState(
-        step=jnp.asarray(step), opt_state={}, rng=jax.random.PRNGKey(0),
-        params={'retriever': jax.tree.map(
-            lambda x: jnp.full_like(x, step), params)})
-    writer.save(state, step, {'batches': step}, force=True)
-    writer.wait()
-
-  return writer, save
-
-
 def test_restore_params_of_a_run_that_prunes_meanwhile(tmp_path, monkeypatch,
                                                        caplog):
   """eval, ask, fill and warm starts read the newest checkpoint of a run that
   may still be training."""
   model_dir = str(tmp_path / 'run')
-  writer, save = _trainer_writer(model_dir)
+  writer, save = trainer_writer(model_dir)
   for step in (10, 20):
     save(step)
   _before_reading(monkeypatch, ocp.StandardCheckpointHandler,
                   lambda: (save(30), save(40)))
-  step, params = checkpoints.restore_params(model_dir)
+  step, params = run_directory.restore_params(model_dir)
   assert step == 40
   assert all(np.all(leaf == 40) for leaf in jax.tree.leaves(params))
   assert 'Step 20 of' in caplog.text
   with pytest.raises(FileNotFoundError, match=r'No checkpoint 20 .* kept: '
                      r'\[30, 40\]'):
-    checkpoints.restore_params(model_dir, 20)
+    run_directory.restore_params(model_dir, 20)
   writer.close()
 
 
@@ -173,35 +134,33 @@ def test_the_builder_survives_a_checkpoint_pruned_while_listed(
   """The race that stopped `make demo`: the trainer saves and prunes while
   the builder lists its checkpoints."""
   model_dir, corpus_dir = dirs
-  writer, save = _trainer_writer(model_dir)
+  writer, save = trainer_writer(model_dir)
   save(0), save(20)
-  publication.mark_training_done(model_dir)
+  run_directory.mark_training_done(model_dir)
   saves = iter((40, 60))
-  listings = _after_listing(monkeypatch, publication.checkpoints_dir(model_dir),
+  listings = _after_listing(monkeypatch,
+                            run_directory.checkpoints_dir(model_dir),
                             lambda: save(next(saves)), times=2)
-  gin.clear_config()
-  try:
-    gin.parse_config_file(TINY_GIN)
-    published = refresh.run_refresh(model_dir, corpus_dir, poll_seconds=0.05,
-                                    batch_size=16)
-  finally:
-    gin.clear_config()
+  gin.parse_config_file(TINY_GIN)
+  published = refresh.run_refresh(model_dir, corpus_dir, poll_seconds=0.05,
+                                  batch_size=16)
   writer.close()
   assert published == 1 and len(listings) >= 3
-  index = publication.index_manager(publication.index_dir(model_dir),
+  index = publication.index_manager(run_directory.index_dir(model_dir),
                                     read_only=True)
-  assert steps.reload(index) == [60]
+  assert run_directory.reload(index) == [60]
   assert 'vanished while it was listed' in caplog.text
 
 
 def test_writers_prune_by_renaming_into_the_trash_then_empty_it(dirs):
   model_dir, corpus_dir = dirs
-  builder = _Builder(model_dir, corpus_dir)
+  builder = BuilderStandIn(model_dir, corpus_dir)
   for _ in range(4):
     builder.publish()
-  index = epath.Path(publication.index_dir(model_dir))
-  assert sorted(p.name for p in index.iterdir()) == ['2', '3', steps.TRASH]
-  assert not list((index / steps.TRASH).iterdir())
+  index = epath.Path(run_directory.index_dir(model_dir))
+  assert sorted(p.name for p in index.iterdir()) == [
+      '2', '3', run_directory.TRASH]
+  assert not list((index / run_directory.TRASH).iterdir())
 
 
 # A writer process: publishes indexes (the builder) or saves checkpoints
@@ -210,13 +169,13 @@ def test_writers_prune_by_renaming_into_the_trash_then_empty_it(dirs):
 WRITER = '''
 import os, sys
 sys.path.insert(0, {root!r})
-from tests.test_steps import _Builder, _trainer_writer
+from tests.helpers import BuilderStandIn, trainer_writer
 step, writer = 0, None
 if {kind!r} == 'index':
-  builder = _Builder({model_dir!r}, {corpus_dir!r})
+  builder = BuilderStandIn({model_dir!r}, {corpus_dir!r})
   save = lambda step: builder.publish()
 else:
-  writer, save = _trainer_writer({model_dir!r})
+  writer, save = trainer_writer({model_dir!r})
 save(step)
 print('saved', flush=True)
 while os.path.exists({go!r}) or step < 3:
@@ -274,13 +233,13 @@ def test_soak_the_index_client_beside_a_pruning_builder(tmp_path, dirs):
 
 @pytest.mark.slow
 def test_soak_the_builder_reading_beside_a_pruning_trainer(tmp_path, dirs):
-  manager = publication.trainer_checkpoints(dirs[0])
+  manager = run_directory.trainer_checkpoints(dirs[0])
 
   def read():
-    kept = steps.reload(manager)
+    kept = run_directory.reload(manager)
     if not kept:
       return None
-    params = publication.restore_retriever_params(manager, kept[-1])
+    params = run_directory.restore_retriever_params(manager, kept[-1])
     if params is None:
       return None
     return kept[-1], np.concatenate(

@@ -6,7 +6,6 @@ import functools
 import inspect
 import json
 
-import gin
 import jax
 import numpy as np
 import pytest
@@ -21,8 +20,8 @@ from realm_jax.evaluation import metrics
 from realm_jax.evaluation.t5x_adapter import (RealmQAModel, best_answers,
                                               top_k_inner_products)
 from realm_jax.index.exact import exact_search
-from realm_jax.training.run_kinds import token_arrays
-from tests import test_qa_evaluation
+from realm_jax.training.batches import token_arrays
+from tests import helpers
 
 EMPTY = inspect.Parameter.empty
 # t5x's BaseModel (t5x/models.py): each method's parameters after `self`,
@@ -42,6 +41,7 @@ T5X_BASE_MODEL = {
 SCORED_TASK = 'nq_open_t5x_adapter_test'
 
 
+@pytest.mark.unit
 def test_methods_have_the_signatures_of_t5x_base_model():
   for name, expected in T5X_BASE_MODEL.items():
     parameters = list(inspect.signature(
@@ -58,6 +58,7 @@ def test_methods_have_the_signatures_of_t5x_base_model():
     RealmQAModel.FEATURE_CONVERTER_CLS(pack=True)
 
 
+@pytest.mark.unit
 def test_host_search_equals_the_device_search_ties_included():
   rng = np.random.default_rng(0)
   # Small integers: every inner product is exact, so ties are real ties.
@@ -73,6 +74,7 @@ def test_host_search_equals_the_device_search_ties_included():
   assert top_k_inner_products(queries[3:], rows, 2)[1].tolist() == [[3, 10]]
 
 
+@pytest.mark.unit
 def test_best_answer_adds_the_spans_that_spell_it():
   sep = 3
   # Two candidates, the second reading 9 twice; z0 holds a [SEP] at 3.
@@ -98,17 +100,16 @@ def test_best_answer_adds_the_spans_that_spell_it():
 def _write_zebra(root, tokenizer):
   """test_qa_evaluation's zebra corpus and QA data, under `root`."""
   source = root / 'articles.jsonl'
-  source.write_text(''.join(json.dumps(a) + '\n'
-                            for a in test_qa_evaluation.ARTICLES))
+  source.write_text(''.join(json.dumps(a) + '\n' for a in helpers.ARTICLES))
   corpus.build_corpus(str(root / 'corpora' / 'wiki_leads'), tokenizer,
                       jsonl_paths=[str(source)])
   nq = root / 'data' / 'nq_open'
   nq.mkdir(parents=True)
   (nq / 'topics.nq.dev.txt').write_text(''.join(
-      f'{q}\t{a!r}\n' for q, a in test_qa_evaluation.NQ_TEST))
+      f'{q}\t{a!r}\n' for q, a in helpers.NQ_TEST))
   (nq / 'NQ-open.dev.jsonl').write_text(''.join(
       json.dumps({'question': q, 'answer': a}) + '\n'
-      for q, a in test_qa_evaluation.NQ_TEST))
+      for q, a in helpers.NQ_TEST))
 
 
 @pytest.fixture(scope='module')
@@ -120,9 +121,7 @@ def qa_model(tmp_path_factory, tokenizer):
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv('REALM_CORPUS_DIR', str(root / 'corpora'))
     patch.setenv('REALM_DATA_DIR', str(root / 'data'))
-    gin.clear_config()
-    yield RealmQAModel(test_qa_evaluation._finetuned(root), top_spans=1)
-  gin.clear_config()
+    yield RealmQAModel(helpers.finetuned(root), top_spans=1)
 
 
 def _flat_reader(params):
@@ -211,6 +210,7 @@ def _register_scored_task():
       metric_fns=[metrics.exact_match, _target_found, _mean_p_answer])
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_seqio_evaluator_driven_as_t5x_eval_scores_known_answers(
     qa_model, monkeypatch):
@@ -256,19 +256,20 @@ def test_seqio_evaluator_driven_as_t5x_eval_scores_known_answers(
   np.testing.assert_allclose(scores[0], aux['scores'][0], rtol=1e-5)
   # The host search finds the device search's top k (blocks whose scores
   # differ by rounding may swap: this corpus is nearly all ties).
-  run = qa_model.run
-  query = qa_model.predictor.query(
-      [q for q, _ in test_qa_evaluation.NQ_TEST], 16)
+  query = qa_model.predictor.query([q for q, _ in helpers.NQ_TEST], 16)
   np.testing.assert_array_equal(query['token_ids'], [
       example['query_token_ids'] for _, example in
       evaluator.cached_model_datasets[SCORED_TASK].as_numpy_iterator()])
-  device_scores, device_ids = run.retrieval.client.search(
-      run.query_embeddings(params, query), len(qa_model.predictor.texts.bodies))
+  retrieval = qa_model.retrieval
+  device_scores, device_ids = retrieval.client.search(
+      retrieval.query_embeddings(params['retriever'], query),
+      len(qa_model.predictor.texts.bodies))
   np.testing.assert_allclose(aux['retrieval_scores'],
-                             device_scores[:, :run.num_candidates], rtol=1e-6)
+                             device_scores[:, :qa_model.num_candidates],
+                             rtol=1e-6)
   for scores_k, ids_k, all_scores, all_ids in zip(
       aux['retrieval_scores'], aux['block_ids'], device_scores, device_ids):
-    assert len(set(ids_k)) == run.num_candidates
+    assert len(set(ids_k)) == qa_model.num_candidates
     score_of = dict(zip(all_ids.tolist(), all_scores))
     np.testing.assert_allclose(scores_k, [score_of[i] for i in ids_k],
                                rtol=1e-6)
@@ -279,6 +280,7 @@ def test_seqio_evaluator_driven_as_t5x_eval_scores_known_answers(
       'Zebra'] * 4
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_initial_variables_fit_the_checkpoint_and_name_every_axis(qa_model):
   # eval.py: input shapes from the evaluator's model features, batch first.
@@ -312,6 +314,7 @@ def _model_batch(qa_model, size: int) -> dict:
   return next(converted.batch(size).as_numpy_iterator())
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_loss_fn_is_the_finetune_loss(qa_model):
   # Spread scores: with the run's own near-uniform p(z|x) (every score 16.0
@@ -320,13 +323,14 @@ def test_loss_fn_is_the_finetune_loss(qa_model):
   # search on an AMD EPYC (loss 2.39879 against 2.39830).
   run, params = qa_model.run, _spread_retrieval(qa_model)
   batch = _model_batch(qa_model, 4)
-  inputs, _ = run.prepare(batch, params, qa_model.predictor.step)
+  inputs, _ = qa_model.predictor.preparer.prepare(batch, params,
+                                                  qa_model.predictor.step)
   # Deterministic (eval_fn's), with the gradients t5x would train on. Both
   # are sums over the candidates, whatever order they come in.
   (loss, got), grads = jax.jit(jax.value_and_grad(
       qa_model.loss_fn, has_aux=True))(params, batch, None)
   (expected_loss, expected), expected_grads = jax.jit(jax.value_and_grad(
-      run.loss, has_aux=True), static_argnums=3)(
+      run.objective.loss, has_aux=True), static_argnums=3)(
           params, inputs, jax.random.PRNGKey(0), True)
   assert float(expected_loss) > 0
   np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
@@ -349,7 +353,7 @@ def _spread_retrieval(qa_model):
   the direction in which the indexed blocks differ most (the tiny trained
   tower embeds all texts alike, so p(z|x) is near uniform): p(z|x) spreads
   over the candidates, and f(x, z) has no large common part to round."""
-  client = qa_model.run.retrieval.client
+  client = qa_model.retrieval.client
   blocks = client.document_embeddings(
       np.arange(client.searcher.num_docs)).astype(np.float64)
   common = blocks.mean(0) / np.linalg.norm(blocks.mean(0))
@@ -365,6 +369,7 @@ def _spread_retrieval(qa_model):
                                   'embedder': embedder}}
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_score_batch_is_the_marginal_likelihood_of_the_target(qa_model):
   """log sum_z p(z|x) p(y|z,x), computed here from the model's scores and
@@ -375,15 +380,15 @@ def test_score_batch_is_the_marginal_likelihood_of_the_target(qa_model):
   scores, intermediates = jax.jit(qa_model.score_batch, static_argnums=2)(
       params, batch, True)
   block_ids = np.asarray(intermediates['block_ids'])
-  relevance, spans, reader = run.model.apply(
+  relevance, spans, reader = qa_model.model.apply(
       {'params': params}, token_arrays(batch['query_token_ids']),
-      run.retrieval.blocks_of(block_ids),
-      run.retrieval.client.document_embeddings(block_ids),
+      qa_model.retrieval.blocks_of(block_ids),
+      qa_model.retrieval.client.document_embeddings(block_ids),
       method='read_spans')
   relevance, spans = (np.asarray(x, np.float64) for x in (relevance, spans))
   token_ids = np.asarray(reader['token_ids'])
   block_mask = np.asarray(reader['block_mask'])
-  width = run.model.max_span_width
+  width = qa_model.model.max_span_width
   expected = []
   for b, target in enumerate(batch['targets']):
     target = [t for t in target if t]
@@ -392,7 +397,7 @@ def test_score_batch_is_the_marginal_likelihood_of_the_target(qa_model):
     np.testing.assert_allclose(intermediates['log_p_z'][b], log_p_z,
                                rtol=1e-5)
     p_y = 0.0
-    for z in range(run.num_candidates):
+    for z in range(qa_model.num_candidates):
       inside = set(np.flatnonzero(block_mask[b, z]))
       grid = [(i, w) for i in sorted(inside) for w in range(width)
               if i + w in inside]

@@ -6,12 +6,13 @@ import seqio
 
 import tasks  # pylint: disable=unused-import
 from tasks import open_qa as open_qa_tasks
-from tests.test_open_qa import DATA_DIR, needs_data
+from tests.helpers import DATA_DIR, needs_data
 
 PRETRAIN = [f'realm_pretrain_wiki_leads_{m}' for m in
             ('salient', 'random_uniform', 'random_span')]
 
 
+@pytest.mark.unit
 def test_tasks_are_registered():
   names = set(seqio.TaskRegistry.names())
   assert set(PRETRAIN + ['ict_wiki_leads', 'nq_open', 'web_questions',
@@ -25,6 +26,7 @@ def _first(name, split, seed, n=4):
            if not hasattr(v, 'to_list')} for ex in dataset.take(n)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('name', PRETRAIN + ['ict_wiki_leads'])
 def test_corpus_tasks_shuffle_deterministically(name, small_corpus,
                                                 monkeypatch):
@@ -41,12 +43,14 @@ def test_corpus_tasks_shuffle_deterministically(name, small_corpus,
       assert np.all(masked == 103)  # [MASK]
 
 
+@pytest.mark.unit
 def test_pretraining_without_an_annotated_corpus(tmp_path, monkeypatch):
   monkeypatch.setenv('REALM_CORPUS_DIR', str(tmp_path))
   with pytest.raises(FileNotFoundError, match='realm-jax data annotate'):
     _first(PRETRAIN[0], 'train', 0)
 
 
+@pytest.mark.integration
 @needs_data
 @pytest.mark.parametrize('name', ['nq_open', 'web_questions', 'curated_trec'])
 def test_qa_tasks_read_the_real_files(name, monkeypatch):
@@ -58,6 +62,7 @@ def test_qa_tasks_read_the_real_files(name, monkeypatch):
     assert example['question'] and len(example['answers']) >= 1
 
 
+@pytest.mark.integration
 @needs_data
 def test_nq_test_has_every_question(monkeypatch):
   monkeypatch.setenv('REALM_DATA_DIR', DATA_DIR)
@@ -66,6 +71,7 @@ def test_nq_test_has_every_question(monkeypatch):
   assert sum(1 for _ in dataset) == 3_610
 
 
+@pytest.mark.unit
 def test_targets_are_every_answer():
   example = {'answers': np.array([b'Paris', b'City of Light'])}
   assert open_qa_tasks.answers_postprocessor(

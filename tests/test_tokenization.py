@@ -5,6 +5,8 @@ import pytest
 
 from realm_jax.data.tokenization import WordPieceTokenizer
 
+pytestmark = pytest.mark.unit
+
 
 def test_hello_world_parity_tokenization(tokenizer):
   joined = tokenizer.numpy_join(['hello world'], max_length=6)

@@ -13,25 +13,15 @@ import jax
 import numpy as np
 import pytest
 
-from realm_jax import main
+from realm_jax import main, run_directory
 from realm_jax.models import pretrained
-from realm_jax.training import input_pipeline, partitioning, run_kinds
+from realm_jax.training import batches, input_pipeline, partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
-from tests.test_open_qa import DATA_DIR, needs_data
+from tests.helpers import (DATA_DIR, REPO, RETRIEVAL, TINY, bind_tiny,
+                           build_leads_corpus, needs_data, train_tiny)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# A 2-layer, 32-wide BERT over the real vocab, no pretrained weights.
-TINY = ['--gin_file=gin/models/tiny.gin',
-        '--gin.BertConfig.hidden_size=32', '--gin.BertConfig.num_heads=4',
-        '--gin.BertConfig.intermediate_size=64',
-        '--gin.build_realm.projection_size=16',
-        '--gin.build_realm.reader_length=64', '--gin.train.batch_size=8',
-        '--gin.bert_adamw.warmup_steps=1']
-RETRIEVAL = ['--gin.Pretrain.num_candidates=4', '--gin.Pretrain.max_masked=8',
-             '--gin.Pretrain.query_length=32', "--gin.Pretrain.bert_dir=''"]
-
-
-pytestmark = pytest.mark.usefixtures('small_corpus_gin')
+pytestmark = [pytest.mark.integration,
+              pytest.mark.usefixtures('small_corpus_env')]
 
 
 def _metrics(model_dir, name='train'):
@@ -45,30 +35,18 @@ def _metrics(model_dir, name='train'):
   return rows
 
 
-def _train(model_dir, run_file, *flags):
-  return main.main(['train', f'--model_dir={model_dir}',
-                    f'--gin_file=gin/runs/{run_file}.gin', *TINY, *flags])
-
-
-def _bind_tiny(*extra):
-  bindings = [f[len('--gin.'):].replace('=', ' = ', 1) for f in TINY
-              if f.startswith('--gin.')] + list(extra)
-  gin.add_config_file_search_path(REPO)
-  gin.parse_config_files_and_bindings(['gin/models/tiny.gin'], bindings)
-
-
 def test_sharded_step_equals_single_device_step(tmp_path):
   """Data 4 x model 2 on 8 devices: the same loss and gradients (fp32)."""
-  _bind_tiny()
+  bind_tiny()
+  run = run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir='')
   make = lambda devices, data, model: Trainer(
-      run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir=''),
-      str(tmp_path), partitioning.make_mesh(data, model, devices), 10)
+      run.objective, partitioning.make_mesh(data, model, devices), 10)
   single = make(jax.devices()[:1], 1, 1)
   state = single.initial_state()
-  single.run.start(state.params, 0)
-  examples = next(input_pipeline.batches(single.run.task, 'train',
-                                         single.run.shapes, 8))
-  inputs, _ = single.run.prepare(examples, state.params, 0)
+  preparer = run.batch_preparer(str(tmp_path), single.mesh)
+  preparer.start(state.params, 0)
+  examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+  inputs, _ = preparer.prepare(examples, state.params, 0)
   rng = jax.random.PRNGKey(1)  # Dropout on: its bits must not depend on layout.
   (loss, metrics), grads = jax.jit(single.loss_and_grads)(
       state.params, partitioning.global_batch(inputs, single.mesh), rng)
@@ -100,25 +78,25 @@ def test_sharded_step_equals_single_device_step(tmp_path):
 
 
 def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
-  _bind_tiny()
-  trainer = Trainer(run_kinds.Pretrain(num_candidates=1, query_length=32,
-                                       bert_dir='', source_block_rate=0.5),
-                    str(tmp_path), partitioning.make_mesh(), 10)
+  bind_tiny()
+  run = run_kinds.Pretrain(num_candidates=1, query_length=32, bert_dir='',
+                           source_block_rate=0.5)
+  trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
   state = trainer.initial_state()
-  trainer.run.start(state.params, 0)  # No index: none is built.
-  examples = next(input_pipeline.batches(trainer.run.task, 'train',
-                                         trainer.run.shapes, 8))
+  preparer = run.batch_preparer(str(tmp_path), trainer.mesh)
+  preparer.start(state.params, 0)  # No index: none is built.
+  examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
   read = []
   for step in range(4):
-    inputs, _ = trainer.run.prepare(examples, state.params, step)
-    blocks = trainer.run.retrieval.blocks_of(examples['block_id'][:, None])
+    inputs, _ = preparer.prepare(examples, state.params, step)
+    blocks = preparer.retrieval.blocks_of(examples['block_id'][:, None])
     own = np.all(inputs['candidates']['token_ids']
                  == blocks['token_ids'], axis=(1, 2))
     null = inputs['candidates']['input_mask'].sum(axis=(1, 2)) == 3
     assert np.all(own ^ null) and np.all(inputs['candidate_mask'])
     read.append(own)
   assert 8 <= np.sum(read) <= 24  # Half of 32 queries, give or take.
-  again, _ = trainer.run.prepare(examples, state.params, 3)
+  again, _ = preparer.prepare(examples, state.params, 3)
   np.testing.assert_array_equal(again['candidates']['token_ids'],
                                 inputs['candidates']['token_ids'])
   with pytest.raises(ValueError, match='num_candidates = 1'):
@@ -140,9 +118,9 @@ def test_a_reader_deeper_than_the_towers_warm_starts_at_its_own_depth(
       'build_realm.reader_config = @reader/BertConfig()',
       'reader/BertConfig.num_layers = 3', 'build_realm.reader_length = 64',
       'bert_adamw.warmup_steps = 1'])
-  trainer = Trainer(run_kinds.Pretrain(num_candidates=1, query_length=32),
-                    str(tmp_path), partitioning.make_mesh(), 10)
-  params = trainer.initial_state().params
+  run = run_kinds.Pretrain(num_candidates=1, query_length=32)
+  trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
+  params = run.warm_start(trainer.fresh_params()).params
   config = pretrained.config_from_hf(os.path.join(minilm_dir, 'config.json'))
   minilm = pretrained.load_bert_params(minilm_dir, config)
   reader = params['reader']['bert']
@@ -156,15 +134,16 @@ def test_a_reader_deeper_than_the_towers_warm_starts_at_its_own_depth(
 
 
 def test_bf16_compute_keeps_fp32_parameters_and_loss(tmp_path):
-  _bind_tiny("BertConfig.dtype = 'bfloat16'")
-  trainer = Trainer(run_kinds.Ict(block_length=32, bert_dir=''), str(tmp_path),
+  bind_tiny("BertConfig.dtype = 'bfloat16'")
+  run = run_kinds.Ict(block_length=32, bert_dir='')
+  trainer = Trainer(run.objective,
                     partitioning.make_mesh(devices=jax.devices()[:1]), 10)
   state = trainer.initial_state()
-  examples = next(input_pipeline.batches(trainer.run.task, 'train',
-                                         trainer.run.shapes, 8))
-  inputs, _ = trainer.run.prepare(examples, state.params, 0)
+  examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+  inputs, _ = run.batch_preparer(str(tmp_path), trainer.mesh).prepare(
+      examples, state.params, 0)
   state, metrics = trainer.step(state, inputs)
-  assert trainer.run.retriever.config.dtype == jax.numpy.bfloat16
+  assert run.objective.retriever.config.dtype == jax.numpy.bfloat16
   assert {x.dtype for x in jax.tree.leaves(state.params)} == {
       np.dtype('float32')}
   assert metrics['loss'].dtype == np.float32 and np.isfinite(metrics['loss'])
@@ -221,7 +200,8 @@ def test_prefetch_retrieves_with_the_parameters_the_step_before_starts_from(
       np.abs(np.asarray(leaf, np.float64)).sum()
       for leaf in jax.tree.leaves(params['retriever'])))
   starts, embedded = [], []
-  real_step, real_dispatch = Trainer.step, run_kinds.Pretrain.dispatch_prepare
+  real_step = Trainer.step
+  real_dispatch = batches.MaskedLmBatches.dispatch_prepare
 
   def step(self, state, inputs):
     starts.append(fingerprint(state.params))
@@ -232,10 +212,11 @@ def test_prefetch_retrieves_with_the_parameters_the_step_before_starts_from(
     return real_dispatch(self, examples, params, step)
 
   monkeypatch.setattr(Trainer, 'step', step)
-  monkeypatch.setattr(run_kinds.Pretrain, 'dispatch_prepare', dispatch_prepare)
-  _train(str(tmp_path / 'run'), 'pretrain', *RETRIEVAL,
-         '--gin.train.num_steps=5', '--gin.train.checkpoint_every=2',
-         f'--gin.train.prefetch={prefetch}')
+  monkeypatch.setattr(batches.MaskedLmBatches, 'dispatch_prepare',
+                      dispatch_prepare)
+  train_tiny(str(tmp_path / 'run'), 'pretrain', *RETRIEVAL,
+             '--gin.train.num_steps=5', '--gin.train.checkpoint_every=2',
+             f'--gin.train.prefetch={prefetch}')
   # Every update changes the towers (the first has warm-up's rate 0).
   assert len(set(starts[1:])) == 4
   # Steps 2 and 4 are saved; batches 3 and 5 wait for their parameters.
@@ -252,15 +233,14 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
   monkeypatch.setenv('REALM_DATA_DIR', DATA_DIR)
   ict, pretrain, finetune = (str(tmp_path / n) for n in
                              ('ict', 'pretrain', 'finetune'))
-  _train(ict, 'ict', '--gin.train.num_steps=2', "--gin.Ict.bert_dir=''",
-         '--gin.Ict.block_length=64')
+  train_tiny(ict, 'ict', '--gin.train.num_steps=2', "--gin.Ict.bert_dir=''",
+             '--gin.Ict.block_length=64')
   assert _metrics(ict)[2]['accuracy'] >= 0
 
   gin.clear_config()
-  _train(pretrain, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2',
-         f'--gin.Pretrain.ict_model_dir="{ict}"')
-  from realm_jax.training.checkpoints import restore_params
-  _, ict_params = restore_params(ict)
+  train_tiny(pretrain, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2',
+             f'--gin.Pretrain.ict_model_dir="{ict}"')
+  _, ict_params = run_directory.restore_params(ict)
   _, start = _restore_step(pretrain, 0)
   for a, b in zip(jax.tree.leaves(ict_params['retriever']),
                   jax.tree.leaves(start['retriever'])):
@@ -280,19 +260,21 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
   # The index builder publishes the final step; fine-tuning from it reuses
   # that index (the same parameters) instead of embedding the corpus again.
   gin.clear_config()
-  _bind_tiny()
+  bind_tiny()
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
-  from realm_jax.index import embed, publication, refresh  # pylint: disable=g-import-not-at-top
-  final, params = restore_params(pretrain)
+  from realm_jax.index import embed, publication  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.realm import model_retriever  # pylint: disable=g-import-not-at-top
+  final, params = run_directory.restore_params(pretrain)
   corpus_dir = corpus.corpus_dir('wiki_leads')
-  refresh.embed_and_publish(
-      publication.index_manager(publication.index_dir(pretrain)), final,
-      embed.DocumentEmbedder(refresh.model_retriever()), params['retriever'],
+  publication.embed_and_publish(
+      publication.index_manager(run_directory.index_dir(pretrain)), final,
+      embed.DocumentEmbedder(model_retriever()), params['retriever'],
       embed.local_block_arrays(corpus_dir), corpus.load_metadata(corpus_dir))
   gin.clear_config()
-  _train(finetune, 'finetune', '--gin.train.num_steps=2',
-         f'--gin.Finetune.pretrain_model_dir="{pretrain}"',
-         '--gin.Finetune.num_candidates=3', '--gin.Finetune.query_length=32')
+  train_tiny(finetune, 'finetune', '--gin.train.num_steps=2',
+             f'--gin.Finetune.pretrain_model_dir="{pretrain}"',
+             '--gin.Finetune.num_candidates=3',
+             '--gin.Finetune.query_length=32')
   assert {'reader_loss', 'retriever_loss', 'answer_recall'} <= set(
       _metrics(finetune)[2])
   _, before = _restore_step(finetune, 0)
@@ -304,7 +286,7 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
   assert not np.array_equal(changed(before), changed(after))
   # The index is the starting document tower's, never refreshed.
   assert os.listdir(os.path.join(finetune, 'index')) == ['0']
-  index = lambda d: publication.index_manager(publication.index_dir(d),
+  index = lambda d: publication.index_manager(run_directory.index_dir(d),
                                               read_only=True)
   np.testing.assert_array_equal(
       publication.read_embeddings(index(finetune), 0),
@@ -313,8 +295,7 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
 
 def _restore_step(model_dir, step):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from realm_jax.index import publication  # pylint: disable=g-import-not-at-top
-  manager = publication.trainer_checkpoints(model_dir)
+  manager = run_directory.trainer_checkpoints(model_dir)
   names = ('retriever', 'reader')
   restored = manager.restore(step, args=ocp.args.Composite(**{
       f'{n}_params': ocp.args.StandardRestore() for n in names}))
@@ -324,7 +305,7 @@ def _restore_step(model_dir, step):
 def test_gin_typo_stops_before_any_work(tmp_path):
   model_dir = tmp_path / 'run'
   with pytest.raises(ValueError, match='num_stepz'):
-    _train(str(model_dir), 'ict', '--gin.train.num_stepz=2')
+    train_tiny(str(model_dir), 'ict', '--gin.train.num_stepz=2')
   assert not model_dir.exists()
 
 
@@ -338,16 +319,15 @@ def test_missing_binding_stops_before_any_work(tmp_path):
 def test_nan_loss_names_the_step_and_the_last_good_checkpoint(tmp_path):
   with pytest.raises(FloatingPointError,
                      match=r'at step \d+; the last good checkpoint is step 0'):
-    _train(str(tmp_path / 'run'), 'ict', '--gin.train.num_steps=20',
-           "--gin.Ict.bert_dir=''", '--gin.Ict.block_length=64',
-           '--gin.bert_adamw.learning_rate=1e30',
-           '--gin.bert_adamw.clip_norm=1e30')
+    train_tiny(str(tmp_path / 'run'), 'ict', '--gin.train.num_steps=20',
+               "--gin.Ict.bert_dir=''", '--gin.Ict.block_length=64',
+               '--gin.bert_adamw.learning_rate=1e30',
+               '--gin.bert_adamw.clip_norm=1e30')
 
 
 @pytest.fixture(scope='module')
 def thousand_leads(tmp_path_factory, tokenizer):
   """The first 1,000 leads with 10% of the blocks held out."""
-  from tests.conftest import build_leads_corpus  # pylint: disable=g-import-not-at-top
   return build_leads_corpus(tmp_path_factory.mktemp('leads1k'), tokenizer,
                             1000, validation_per_mille=100)
 

@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from typing import Iterable, Iterator
 
@@ -25,6 +26,8 @@ from realm_jax.data import sources
 from realm_jax.data.skips import SkipReport, parse_json_line
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.progress import Progress
+
+log = logging.getLogger(__name__)
 
 CORPUS_ROOT_ENV = 'REALM_CORPUS_DIR'
 MAX_BLOCK_LENGTH = 288
@@ -328,11 +331,12 @@ def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
   }
   (epath.Path(tmp_dir) / METADATA).write_text(json.dumps(metadata, indent=1))
   replace_dir(tmp_dir, output_dir)
-  print(f'{metadata["num_blocks"]:,} blocks from {num_articles:,} articles '
-        f'in {output_dir} (mean {metadata["mean_length"]:.0f} wordpieces)')
-  print('Block length histogram (wordpieces):')
-  print(format_histogram(metadata['length_histogram']))
-  print(builder.report.summary())
+  log.info('%s blocks from %s articles in %s (mean %.0f wordpieces)\n'
+           'Block length histogram (wordpieces):\n%s\n%s',
+           f'{metadata["num_blocks"]:,}', f'{num_articles:,}', output_dir,
+           metadata['mean_length'],
+           format_histogram(metadata['length_histogram']),
+           builder.report.summary())
   return metadata
 
 

@@ -17,8 +17,8 @@ from typing import Iterator, NamedTuple
 import gin
 from etils import epath
 
+from realm_jax.data.answer_matching import compile_answer_pattern
 from realm_jax.data.skips import SkipReport, parse_json_line
-from realm_jax.evaluation.metrics import compile_answer_pattern
 
 DATA_DIR_ENV = 'REALM_DATA_DIR'
 

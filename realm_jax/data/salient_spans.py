@@ -13,6 +13,7 @@ spans are counted and dropped here, so masking never truncates a mask.
 
 import collections
 import json
+import logging
 import os
 import re
 from typing import Iterator
@@ -25,6 +26,8 @@ from realm_jax.data import corpus
 from realm_jax.data.skips import SkipReport
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.progress import Progress
+
+log = logging.getLogger(__name__)
 
 SALIENT_LABELS = frozenset({
     'PERSON', 'NORP', 'FAC', 'ORG', 'GPE', 'LOC', 'PRODUCT', 'EVENT',
@@ -250,11 +253,12 @@ def annotate_corpus(corpus_dir: str, tokenizer: WordPieceTokenizer,
   }
   (tmp_dir / corpus.METADATA).write_text(json.dumps(stats, indent=1))
   corpus.replace_dir(str(tmp_dir), out_dir)
-  print(f'{with_spans:,} of {counts["blocks"]:,} blocks '
-        f'({100 * stats["fraction_with_salient_span"]:.1f}%) have a salient '
-        f'span; {counts["spans"]:,} spans '
-        f'({", ".join(f"{k} {v:,}" for k, v in list(annotator.labels.most_common())[:6])}, ...)')
-  print(f'train {counts["train"]:,} / validation {counts["validation"]:,} '
-        f'blocks in {out_dir}')
-  print(annotator.report.summary())
+  labels = ', '.join(f'{k} {v:,}'
+                     for k, v in annotator.labels.most_common()[:6])
+  log.info('%s of %s blocks (%.1f%%) have a salient span; %s spans (%s, '
+           '...)\ntrain %s / validation %s blocks in %s\n%s',
+           f'{with_spans:,}', f'{counts["blocks"]:,}',
+           100 * stats['fraction_with_salient_span'], f'{counts["spans"]:,}',
+           labels, f'{counts["train"]:,}', f'{counts["validation"]:,}',
+           out_dir, annotator.report.summary())
   return stats

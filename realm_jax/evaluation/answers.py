@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from realm_jax.data import corpus
-from realm_jax.evaluation.metrics import normalize_answer
+from realm_jax.data.answer_matching import normalize_answer
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 
 

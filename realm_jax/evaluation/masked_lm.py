@@ -22,7 +22,7 @@ from realm_jax.data import corpus, masking, salient_spans
 from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import RestoredRun
 from realm_jax.progress import Progress
-from realm_jax.training import input_pipeline, partitioning, run_kinds
+from realm_jax.training import input_pipeline, partitioning
 
 TERMS = ('masked_tokens', 'correct_tokens', 'log_likelihood',
          'null_correct_tokens', 'null_log_likelihood')
@@ -76,14 +76,14 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   TERMS) and <name>_metrics.json, and returns the metrics: masked-token
   accuracy, -log p(y|x) and retrieval_utility per masked token.
   """
-  restored = RestoredRun(model_dir, run_kinds.Pretrain, step, gin_files,
-                         gin_bindings)
+  restored = RestoredRun(model_dir, step, gin_files, gin_bindings)
   run = restored.run
-  if 'reader' not in restored.params:
-    raise ValueError(f'{model_dir} has no reader: not a pre-training run.')
-  run.retrieval.index_at(restored.step, run.retriever,
-                         restored.params['retriever'])
-  per_example = jax.jit(run.per_example)
+  if restored.kind != 'Pretrain':
+    raise ValueError(f'{model_dir} is an {restored.kind} run: masked-LM '
+                     'scores need the reader of a pre-training run.')
+  preparer = run.batch_preparer(restored.model_dir, restored.mesh)
+  preparer.retrieval.index_at(restored.step, restored.params['retriever'])
+  per_example = jax.jit(run.objective.per_example)
   rows = []
   total = held_out_queries(run.corpus_name)
   progress = Progress(f'masked LM {name}', min(total, max_queries or total),
@@ -96,9 +96,9 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
     padded = {k: np.concatenate([v, np.zeros(
         (batch_size - count, *v.shape[1:]), v.dtype)])
               for k, v in examples.items()}
-    inputs, _ = run.prepare(padded, restored.params, restored.step)
+    inputs, _ = preparer.prepare(padded, restored.params, restored.step)
     terms = jax.device_get(per_example(
-        restored.params, partitioning.global_batch(inputs, run.mesh)))
+        restored.params, partitioning.global_batch(inputs, restored.mesh)))
     retrieved = span_retrieved(inputs['candidates']['token_ids'],
                                inputs['mlm_targets'], inputs['mlm_mask'])
     for row in range(count):
@@ -111,8 +111,9 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
       rows = rows[:max_queries]
       break
   summary = {'model_dir': model_dir, 'step': restored.step,
-             'index_step': run.retrieval.client.index_step,
-             'num_candidates': run.num_candidates, **summarize(rows)}
+             'index_step': preparer.retrieval.client.index_step,
+             'num_candidates': run.objective.num_candidates,
+             **summarize(rows)}
   output = epath.Path(output_dir)
   output.mkdir(parents=True, exist_ok=True)
   (output / f'{name}_queries.jsonl').write_text(

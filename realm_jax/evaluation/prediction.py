@@ -1,7 +1,7 @@
 """Predictions with provenance from a training run's model_dir.
 
-Both predictors rebuild the model from the run's saved gin config
-(model_dir/config.gin), a checkpoint's parameters and an index.
+Both predictors rebuild the run from its directory (`run_loader.load_run`:
+its saved gin config), a checkpoint's parameters and an index.
 `ClozePredictor` fills the [MASK]s of a sentence with a pre-training run and
 shows, as the paper's Table 3 does, the marginal p(y|x) over the retrieved
 candidates (the null document included) and each candidate's p(z|x) and
@@ -11,18 +11,18 @@ same provenance, and retrieves for any run.
 
 import functools
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-from etils import epath
 
+from realm_jax import run_directory
 from realm_jax.evaluation.answers import BlockTexts, answers_of, block_segments
 from realm_jax.models import losses
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import span_mask
-from realm_jax.training import checkpoints, partitioning, run_kinds
-from realm_jax.training import trainer  # pylint: disable=unused-import  (train.run in config.gin)
+from realm_jax.models.realm import model_retriever
+from realm_jax.training import batches, partitioning
+from realm_jax.training.run_loader import load_run
 
 MASK = '[MASK]'
 
@@ -57,35 +57,27 @@ def fill_distribution(scores, candidate_mask, mlm_logits):
 
 
 class RestoredRun:
-  """A run rebuilt from its model_dir: the saved gin config (model_dir/
-  config.gin, then any `gin_files`/`gin_bindings` layered over it), a run
-  kind built from it on one device, and the parameters of checkpoint `step`
-  (default the newest)."""
+  """A run rebuilt from its model_dir on one device (`load_run`: its saved
+  gin config, then any `gin_files`/`gin_bindings` layered over it) with the
+  parameters of checkpoint `step` (default the newest). Subclasses add the
+  retrieval they need (`self.retrieval`)."""
 
-  def __init__(self, model_dir: str, run_kind, step: int | None = None,
-               gin_files=(), gin_bindings=()):
-    config = epath.Path(model_dir) / 'config.gin'
-    if not config.exists():
-      raise FileNotFoundError(f'No {config}: is {model_dir} a realm-jax '
-                              'training run?')
-    gin.clear_config()
-    gin.parse_config(config.read_text(), skip_unknown=True)
-    gin.parse_config_files_and_bindings(gin_files, gin_bindings,
-                                        skip_unknown=True,
-                                        finalize_config=False)
-    self.kind = gin.query_parameter('train.run').selector
-    self.run = run_kind()
+  def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
+               gin_bindings=()):
+    self.loaded = load_run(model_dir, gin_files, gin_bindings)
+    self.model_dir, self.run = self.loaded.model_dir, self.loaded.run
+    self.kind = self.loaded.kind
     # One question at a time, or small batches: a one-device mesh.
-    self.run.setup(model_dir, partitioning.make_mesh(
-        1, 1, devices=jax.local_devices()[:1]))
-    self.step, self.params = checkpoints.restore_params(model_dir, step)
-    self.tokenizer = self.run.tokenizer
+    self.mesh = partitioning.make_mesh(1, 1, devices=jax.local_devices()[:1])
+    self.step, self.params = run_directory.restore_params(self.model_dir, step)
+    self.tokenizer = batches.task_tokenizer(self.run.task)
+    self.retrieval = None
     self._texts = None
 
   @property
   def texts(self) -> BlockTexts:
     if self._texts is None:
-      self._texts = BlockTexts(self.run.retrieval.corpus_dir, self.tokenizer)
+      self._texts = BlockTexts(self.retrieval.corpus_dir, self.tokenizer)
     return self._texts
 
   def query(self, texts, length: int) -> dict:
@@ -104,13 +96,15 @@ class ClozePredictor(RestoredRun):
   """Fills [MASK]s with a pre-training run's newest parameters and index."""
 
   def __init__(self, model_dir: str, gin_files=(), gin_bindings=()):
-    super().__init__(model_dir, run_kinds.Pretrain, gin_files=gin_files,
-                     gin_bindings=gin_bindings)
-    if 'reader' not in self.params:
-      raise ValueError(f'{model_dir} is an ICT run: it has no reader to fill '
-                       'blanks with.')
-    self.run.retrieval.client.maybe_refresh()
-    self._apply = jax.jit(lambda params, inputs: self.run.model.apply(
+    super().__init__(model_dir, gin_files=gin_files, gin_bindings=gin_bindings)
+    if self.kind != 'Pretrain':
+      raise ValueError(f'{model_dir} is an {self.kind} run: filling blanks '
+                       'needs the reader of a pre-training run (Pretrain).')
+    self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
+    self.retrieval = self.preparer.retrieval
+    self.retrieval.client.maybe_refresh()
+    model = self.run.objective.model
+    self._apply = jax.jit(lambda params, inputs: model.apply(
         {'params': params}, inputs['query'], inputs['candidates'],
         inputs['mlm_positions'], method='pretrain'))
 
@@ -124,9 +118,9 @@ class ClozePredictor(RestoredRun):
     mlm_positions = np.zeros((1, self.run.shapes['mlm_positions'][0]),
                              np.int32)
     mlm_positions[0, :len(positions)] = positions
-    query = run_kinds.token_arrays(query_ids)
-    blocks, candidate_mask, candidate_ids = self.run.retrieval.candidates(
-        self.run.query_embeddings(self.params, query),
+    query = batches.token_arrays(query_ids)
+    blocks, candidate_mask, candidate_ids = self.retrieval.candidates(
+        self.retrieval.query_embeddings(self.params['retriever'], query),
         np.array([NULL_DOCUMENT_ID]))  # Nothing excluded.
     scores, logits = self._apply(self.params, {
         'query': query, 'candidates': blocks, 'mlm_positions': mlm_positions})
@@ -155,7 +149,7 @@ class ClozePredictor(RestoredRun):
                    for t in np.argsort(-log_marginal[j])[:top_tokens]]
                   for j in range(masks)],
         'documents': documents,
-        'index_step': self.run.retrieval.client.index_step,
+        'index_step': self.retrieval.client.index_step,
     }
 
 
@@ -191,30 +185,40 @@ class QAPredictor(RestoredRun):
   """
 
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
-               gin_bindings=(), recall_k: int = 5, top_spans: int = 8):
-    super().__init__(model_dir, run_kinds.Finetune, step, gin_files,
-                     gin_bindings)
+               gin_bindings=(), recall_k: int = 5, top_spans: int = 8,
+               question_length: int = 64):
+    """`question_length`: wordpieces of a question for a run that does not
+    answer (Finetune's default); a fine-tuning run reads its own."""
+    super().__init__(model_dir, step, gin_files, gin_bindings)
     self.reads = self.kind == 'Finetune'
-    retrieval = self.run.retrieval
-    if self.reads:
-      retrieval.client.maybe_refresh()
-    else:
-      retrieval.index_at(self.step, self.run.retriever,
-                         self.params['retriever'])
     self.recall_k = recall_k
-    self.num_candidates = self.run.num_candidates
-    self.query_length = self.run.shapes['query_token_ids'][0]
-    self._read = jax.jit(functools.partial(read_answers, self.run.model,
-                                           top_spans=top_spans))
+    self.query_length = (self.run.shapes['query_token_ids'][0] if self.reads
+                         else question_length)
+    if self.reads:
+      self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
+      self.retrieval = self.preparer.retrieval
+      self.retrieval.client.maybe_refresh()
+      self.num_candidates = self.run.objective.num_candidates
+      self._read = jax.jit(functools.partial(
+          read_answers, self.run.objective.model, top_spans=top_spans))
+    else:
+      objective = self.run.objective
+      retriever = getattr(objective, 'retriever', None) or model_retriever(
+          objective.model)
+      self.retrieval = batches.corpus_retrieval(
+          self.model_dir, self.mesh, retriever, self.tokenizer,
+          self.run.corpus_name, recall_k, block_length=self.run.block_length)
+      self.retrieval.index_at(self.step, self.params['retriever'])
+      self.preparer, self.num_candidates = None, 0
 
   def predict(self, query: dict) -> list[dict]:
     """Per question: the top `recall_k` blocks (ids, retrieval scores) and,
     for a fine-tuning run, its answers (`answers.Answer`), most probable
     first, with the candidates' p(z|x)."""
-    retrieval = self.run.retrieval
-    fetch = max(self.recall_k, self.num_candidates if self.reads else 0)
+    retrieval = self.retrieval
+    fetch = max(self.recall_k, self.num_candidates)
     scores, ids = retrieval.client.search(
-        self.run.query_embeddings(self.params, query), fetch)
+        retrieval.query_embeddings(self.params['retriever'], query), fetch)
     scores, ids = np.asarray(scores), np.asarray(ids)
     results = [{'block_ids': [int(i) for i in row[:self.recall_k]],
                 'retrieval_scores': [float(s) for s in srow[:self.recall_k]]}
@@ -234,7 +238,7 @@ class QAPredictor(RestoredRun):
     for b, result in enumerate(results):
       locate = block_segments(blocks['token_type_ids'][b],
                               int(query_lengths[b]),
-                              self.run.model.include_title)
+                              self.run.objective.model.include_title)
       result['candidates'] = [
           {'block_id': int(z_id), 'p_z': float(np.exp(log_p_z[b, z]))}
           for z, z_id in enumerate(candidate_ids[b]) if z_id >= 0]
@@ -247,7 +251,7 @@ class QAPredictor(RestoredRun):
     """One question: its best answer, p(y|x), and each candidate block with
     p(z|x) and p(y|z,x) of that answer."""
     if not self.reads:
-      raise ValueError(f'{self.run.model_dir} is a {self.kind} run; answering '
+      raise ValueError(f'{self.model_dir} is a {self.kind} run; answering '
                        'needs a fine-tuned reader (a Finetune run).')
     result = self.predict(self.query([question], self.query_length))[0]
     best = result['answers'][0] if result['answers'] else None
@@ -263,4 +267,4 @@ class QAPredictor(RestoredRun):
             'alternatives': [(a.text, a.probability)
                              for a in result['answers'][1:]],
             'blocks': blocks, 'step': self.step,
-            'index_step': self.run.retrieval.client.index_step}
+            'index_step': self.retrieval.client.index_step}

@@ -17,11 +17,11 @@ import seqio
 import tensorflow as tf
 from etils import epath
 
-from realm_jax.data import open_qa
-from realm_jax.evaluation import bootstrap, metrics
+from realm_jax.data import answer_matching, open_qa
+from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
-from realm_jax.training.run_kinds import token_arrays
+from realm_jax.training.batches import token_arrays
 
 Spec = seqio.FeatureConverter.FeatureSpec
 
@@ -52,23 +52,22 @@ class QAFeatureConverter(seqio.FeatureConverter):
 
 
 class AnswerIndex:
-  """Does an answer occur anywhere in the corpus, as `metrics.has_answer`
-  decides for one block? All blocks joined once, one search per answer."""
+  """Does an answer occur anywhere in the corpus, as
+  `answer_matching.has_answer` decides for one block? All blocks joined
+  once, one search per answer."""
 
   def __init__(self, texts):
     texts = list(texts)
     # Newlines separate blocks: normalized text has none, and regex '.'
     # does not cross them.
     self._normalized = ' ' + ' \n '.join(
-        metrics.normalize_answer(t) for t in texts) + ' '
+        answer_matching.normalize_answer(t) for t in texts) + ' '
     self._raw = '\n'.join(texts)
 
   def anywhere(self, references, regex: bool) -> bool:
     if regex:
-      compiled = [metrics.compile_answer_pattern(r) for r in references]
-      return any(c is not None and c.search(self._raw) for c in compiled)
-    return any(f' {metrics.normalize_answer(r)} ' in self._normalized
-               for r in references if metrics.normalize_answer(r))
+      return answer_matching.pattern_found(self._raw, references)
+    return answer_matching.answer_found(self._normalized, references)
 
 
 def evaluate(predictor: QAPredictor, task: str, output_dir: str,
@@ -125,8 +124,8 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     row = {
         'question': example['question'].decode('utf-8'),
         'references': references,
-        'answer_in_top_k': any(metrics.has_answer(t, references, regex)
-                               for t in retrieved),
+        'answer_in_top_k': answer_matching.answer_in_top_k(
+            references, retrieved, regex),
         'answer_in_corpus': answer_index.anywhere(references, regex),
         'retrieved': [{'block_id': i, 'title': texts.titles.get(i, ''),
                        'score': s} for i, s in zip(
@@ -136,8 +135,9 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
       row.update(
           prediction=prediction,
           p_answer=answers[0].probability if answers else 0.0,
-          correct=(metrics.regex_match_score(prediction, references) if regex
-                   else metrics.exact_match_score(prediction, references)),
+          correct=(answer_matching.regex_match_score(prediction, references)
+                   if regex else
+                   answer_matching.exact_match_score(prediction, references)),
           candidates=result['candidates'])
     rows.append(row)
 
@@ -145,9 +145,9 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   percent = lambda xs: 100.0 * float(np.mean(xs)) if len(xs) else 0.0
   subset = [r for r in rows if r['answer_in_corpus']]
   summary = {
-      'task': task, 'model_dir': predictor.run.model_dir,
+      'task': task, 'model_dir': predictor.model_dir,
       'run_kind': predictor.kind, 'step': predictor.step,
-      'index_step': predictor.run.retrieval.client.index_step,
+      'index_step': predictor.retrieval.client.index_step,
       'questions': len(rows), 'answer_in_corpus': len(subset),
       f'recall@{k}': percent([r['answer_in_top_k'] for r in rows]),
       f'recall@{k}_answer_in_corpus': percent(

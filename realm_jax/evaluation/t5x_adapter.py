@@ -1,27 +1,7 @@
 """t5x's model interface over a REALM Open-QA fine-tuning run.
 
-What was and was not tested: t5x cannot be installed here (it is not on the
-package index), so tests/test_t5x_adapter.py stands in for it, on CPU. It
-drives `seqio.Evaluator` on the registered nq_open task as t5x's eval.py
-does: the evaluator built with `FEATURE_CONVERTER_CLS(pack=False)`, and
-`predict_batch`, `predict_batch_with_aux` and `score_batch` each wrapped as
-`t5x.utils.get_infer_fn` wraps them (one step jitted with the batch split
-over a 3-device 'data' mesh, over whole batches of the evaluator's cached
-model features padded with index -1, returned as (index, output) pairs,
-aux values as lists). It checks the exact match seqio reports where it is
-known, the aux values and scores, and that the host search finds the
-device search's top k. It checks the method signatures against t5x's
-`BaseModel` (written out in the test from t5x/models.py); `loss_fn`, its
-metrics and gradients against the Finetune run kind's on the same batch
-without dropout (with a dropout rng only that dropout is on: blocks tied in
-score up to rounding may come in another order, which moves the masks);
-`score_batch` against log sum_z p(z|x) p(y|z,x) computed independently;
-`get_initial_variables` (params and params_axes) against the checkpoint's
-tree; and the vocabularies t5x's `verify_matching_vocabs` compares. Not
-tested: t5x itself (its partitioner with model-parallel parameters from
-params_axes, several hosts, its checkpoints: t5x does not read realm-jax's
-Orbax checkpoints, so the run's parameters are `model.params`), training
-through t5x's train.py, and accelerators.
+t5x cannot be installed from the package index; docs/t5x.md says how the
+adapter is checked without it, and what is not checked.
 
 Retrieval runs on the host, unlike in t5x's pure-JAX models. Each method
 embeds the questions on the device, then a `jax.pure_callback` searches the
@@ -142,7 +122,7 @@ def best_answers(log_p_z, span_log_probs, span_starts, span_widths,
 
 
 def _query(token_ids) -> dict:
-  """`run_kinds.token_arrays` of the questions, traceable."""
+  """`batches.token_arrays` of the questions, traceable."""
   token_ids = jnp.asarray(token_ids, jnp.int32)
   return {'token_ids': token_ids,
           'input_mask': (token_ids != 0).astype(jnp.int32),
@@ -172,7 +152,7 @@ class RealmQAModel:
   Attributes:
     params: the run's parameters at the restored checkpoint (t5x does not
       read realm-jax's Orbax checkpoints: pass these as its params).
-    run: the Finetune run kind, set up with the run's gin config and index.
+    run: the Finetune run kind, rebuilt from the run's gin config.
     predictor: the `QAPredictor` it was restored with (host-side answers in
       the block's own words, for comparison).
   """
@@ -187,10 +167,13 @@ class RealmQAModel:
                        'model reads answers with a fine-tuned reader (a '
                        'Finetune run).')
     self.run, self.params = self.predictor.run, self.predictor.params
+    self.model, self.retrieval = (self.run.objective.model,
+                                  self.predictor.retrieval)
+    self.num_candidates = self.run.objective.num_candidates
     self.top_spans = top_spans
-    searcher = self.run.retrieval.client.searcher
-    if self.run.num_candidates > searcher.num_docs:
-      raise ValueError(f'Finetune.num_candidates={self.run.num_candidates} '
+    searcher = self.retrieval.client.searcher
+    if self.num_candidates > searcher.num_docs:
+      raise ValueError(f'Finetune.num_candidates={self.num_candidates} '
                        f'exceeds the {searcher.num_docs} indexed blocks.')
     self._embeddings = np.asarray(searcher.embeddings)[:searcher.num_docs]
     self._rows = self._embeddings.astype(np.float32, copy=False)
@@ -216,26 +199,26 @@ class RealmQAModel:
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     """Fresh parameters and their logical axes, as t5x initializes models."""
     del input_shapes, input_types  # No parameter's shape depends on them.
-    boxed = self.run.init(rng)
+    boxed = self.run.objective.init(rng)
     return {'params': nn.meta.unbox(boxed), 'params_axes': _params_axes(boxed)}
 
   def _host_candidates(self, query_embeddings):
     """The host half of retrieval (numpy only: see the module docstring)."""
     query_embeddings = np.asarray(query_embeddings, self._embeddings.dtype)
     scores, ids = top_k_inner_products(query_embeddings, self._rows,
-                                       self.run.num_candidates)
-    blocks = self.run.retrieval.blocks_of(ids)
+                                       self.num_candidates)
+    blocks = self.retrieval.blocks_of(ids)
     return ({key: np.asarray(blocks[key], np.int32) for key in _TOKEN_KEYS},
             ids, scores, self._embeddings[ids])
 
   def _retrieve(self, params, query) -> dict:
     """What `Finetune.prepare` retrieves, from inside a traced function."""
-    embeddings = self.run.retriever.apply(
+    embeddings = self.retrieval.retriever.apply(
         {'params': params['retriever']}, *(query[k] for k in _TOKEN_KEYS),
         method='embed_query')
-    batch, k = embeddings.shape[0], self.run.num_candidates
+    batch, k = embeddings.shape[0], self.num_candidates
     shape = lambda *dims, dtype=jnp.int32: jax.ShapeDtypeStruct(dims, dtype)
-    block = shape(batch, k, self.run.retrieval.blocks['token_ids'].shape[1])
+    block = shape(batch, k, self.retrieval.blocks['token_ids'].shape[1])
     blocks, ids, scores, candidate_embeddings = jax.pure_callback(
         self._host_candidates,
         ({key: block for key in _TOKEN_KEYS}, shape(batch, k),
@@ -259,7 +242,7 @@ class RealmQAModel:
     deterministic = dropout_rng is None
     # Flax wants a dropout key even when dropout is off.
     rng = jax.random.PRNGKey(0) if deterministic else dropout_rng
-    loss, metrics = self.run.loss(params, inputs, rng, deterministic)
+    loss, metrics = self.run.objective.loss(params, inputs, rng, deterministic)
     return loss, {name: clu_metrics.Average.from_model_output(value)
                   for name, value in metrics.items()}
 
@@ -279,10 +262,10 @@ class RealmQAModel:
     query = _query(batch['query_token_ids'])
     retrieved = self._retrieve(params, query)
     log_p_z, span_log_p, starts, widths, reader_ids = read_answers(
-        self.run.model, params, {'query': query, **retrieved}, self.top_spans)
+        self.model, params, {'query': query, **retrieved}, self.top_spans)
     answers, log_p_y = best_answers(
         log_p_z, span_log_p, starts, widths, reader_ids,
-        self.run.model.max_span_width, self.run.tokenizer.sep_id)
+        self.model.max_span_width, self.predictor.tokenizer.sep_id)
     return answers, {'scores': log_p_y,
                      'block_ids': retrieved['candidate_ids'],
                      'retrieval_scores': retrieved['retrieval_scores']}
@@ -294,10 +277,10 @@ class RealmQAModel:
     'log_p_z' and 'log_p_y_given_z' [B, k]."""
     query = _query(batch['query_token_ids'])
     retrieved = self._retrieve(params, query)
-    scores, spans, reader_inputs = self.run.model.apply(
+    scores, spans, reader_inputs = self.model.apply(
         {'params': params}, query, retrieved['candidates'],
         retrieved['candidate_embeddings'], method='read_spans')
-    width = self.run.model.max_span_width
+    width = self.model.max_span_width
     spans = spans.astype(jnp.float32)
     valid = span_mask(reader_inputs['block_mask'], width) & retrieved[
         'candidate_mask'][:, :, None, None]

@@ -7,7 +7,7 @@ indexes come, and how stale they are, is the builder's cadence alone (see
 `refresh.run_refresh`). A newer index is loaded whole and checked against this
 corpus and model before it is swapped in. Staleness is the trainer step minus
 the step of the parameters that embedded the index. An index the builder
-prunes while it is listed or loaded is skipped (see `steps`): the client keeps
+prunes while it is listed or loaded is skipped (see `run_directory`): the client keeps
 the index it has and looks again.
 """
 
@@ -16,7 +16,8 @@ import gin
 import numpy as np
 from etils import epath
 
-from realm_jax.index import publication, steps
+from realm_jax import run_directory
+from realm_jax.index import publication
 from realm_jax.index.exact import ExactSearcher
 
 
@@ -43,11 +44,11 @@ class IndexClient:
 
   def _newest_step(self) -> int | None:
     if self._manager is None:
-      if not epath.Path(publication.index_dir(self.model_dir)).is_dir():
+      if not epath.Path(run_directory.index_dir(self.model_dir)).is_dir():
         return None
       self._manager = publication.index_manager(
-          publication.index_dir(self.model_dir), read_only=True)
-    published = steps.reload(self._manager)
+          run_directory.index_dir(self.model_dir), read_only=True)
+    published = run_directory.reload(self._manager)
     return published[-1] if published else None
 
   def maybe_refresh(self, force: bool = False) -> bool:
@@ -78,7 +79,7 @@ class IndexClient:
     function waits and gives (scores, ids) (see the searchers' `dispatch`)."""
     if self.searcher is None:
       raise RuntimeError(f'No index published under '
-                         f'{publication.index_dir(self.model_dir)} yet.')
+                         f'{run_directory.index_dir(self.model_dir)} yet.')
     return self.searcher.dispatch(query_embeddings, k, exclude_ids)
 
   def document_embeddings(self, ids):

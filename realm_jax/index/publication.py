@@ -1,62 +1,35 @@
-"""The hand-over between the trainer and the index builder, through Orbax.
+"""Published indexes: embed, save, load and check one index step.
 
-Both jobs share one model_dir:
-  model_dir/checkpoints/<step>/   the trainer's checkpoints; the item
-                                  `retriever_params` holds the towers.
-  model_dir/index/<step>/         the builder's published indexes, `step` being
-                                  the trainer step whose parameters embedded
-                                  the corpus: items `embeddings` ([N, D]),
-                                  `metadata` (JSON) and, for ScaNN, `scann`.
-  model_dir/checkpoints/TRAINING_DONE   written by the trainer when it ends.
-Orbax writes each step into a temporary directory and renames it when
-complete, so a reader never sees a partial index or checkpoint; each writer
-prunes its old steps while the other job reads, which `steps` survives.
+An index step (model_dir/index/<step>, see `run_directory`) holds the corpus
+embedded by the towers of trainer step `step`: its embeddings [N, D], its
+metadata (corpus fingerprint, block cut, size) and, for ScaNN, the searcher's
+own files. The builder publishes one per due checkpoint; the trainer
+publishes its first one when it starts without any. Readers check the
+metadata against their corpus and model before they search.
 """
 
 import dataclasses
+import logging
 import os
+import time
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed
-from realm_jax.index import steps
+from realm_jax import distributed, run_directory
+from realm_jax.index.embed import DocumentEmbedder, embed_corpus
 from realm_jax.index.exact import ExactSearcher
 from realm_jax.index.scann_searcher import ScannSearcher, build_scann
 
-CHECKPOINTS = 'checkpoints'
-INDEX = 'index'
-RETRIEVER_ITEM = 'retriever_params'
-DONE_MARKER = 'TRAINING_DONE'
+log = logging.getLogger(__name__)
+
 SEARCHERS = ('exact', 'scann')
 
 
 class IndexMismatchError(ValueError):
   """A published index that does not belong to this corpus or model."""
-
-
-def checkpoints_dir(model_dir: str) -> str:
-  return os.path.join(model_dir, CHECKPOINTS)
-
-
-def index_dir(model_dir: str) -> str:
-  return os.path.join(model_dir, INDEX)
-
-
-def mark_training_done(model_dir: str) -> None:
-  path = epath.Path(checkpoints_dir(model_dir))
-  path.mkdir(parents=True, exist_ok=True)
-  (path / DONE_MARKER).write_text('done\n')
-
-
-def clear_training_done(model_dir: str) -> None:
-  (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).unlink(missing_ok=True)
-
-
-def training_done(model_dir: str) -> bool:
-  return (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).exists()
 
 
 class ScannHandler(ocp.CheckpointHandler):
@@ -85,54 +58,20 @@ class ScannRestore(ocp.args.CheckpointArgs):
   pass
 
 
-def trainer_checkpoints(model_dir: str) -> ocp.CheckpointManager:
-  """Read-only view of the trainer's checkpoints (`steps.reload` to see new
-  ones)."""
-  return ocp.CheckpointManager(
-      checkpoints_dir(model_dir), options=steps.reader_options(
-          multiprocessing_options=every_process()))
-
-
-def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
-  """Only the towers' parameters of a trainer step (not reader or optimizer);
-  None if the trainer pruned the step meanwhile."""
-  restored = steps.restore(checkpoints, step, ocp.args.Composite(**{
-      RETRIEVER_ITEM: ocp.args.StandardRestore()}))
-  return None if restored is None else restored[RETRIEVER_ITEM]
-
-
-def every_process() -> ocp.options.MultiprocessingOptions:
-  """All processes, named: Orbax then syncs them through the distributed
-  runtime's keyed barriers rather than device collectives, which its
-  background save threads and the main thread would interleave. (Orbax
-  then leaves creating the directory to us: see `writable`.)"""
-  return ocp.options.MultiprocessingOptions(
-      active_processes=set(range(jax.process_count())))
-
-
-def this_process() -> ocp.options.MultiprocessingOptions:
-  """This process alone: a reader of indexes that no other process waits
-  for (each trainer process refreshes its own searcher when it looks)."""
-  return ocp.options.MultiprocessingOptions(
-      primary_host=jax.process_index(),
-      active_processes={jax.process_index()})
-
-
-def writable(directory: str) -> str:
-  epath.Path(directory).mkdir(parents=True, exist_ok=True)
-  return directory
-
-
 def index_manager(directory: str, read_only: bool = False,
                   max_to_keep: int = 3) -> ocp.CheckpointManager:
-  """Orbax manager of an index directory (usually `index_dir(model_dir)`)."""
+  """Orbax manager of an index directory (usually
+  `run_directory.index_dir(model_dir)`)."""
   if read_only:
-    return ocp.CheckpointManager(directory, options=steps.reader_options(
+    return ocp.CheckpointManager(directory, options=run_directory.reader_options(
         enable_async_checkpointing=False,
-        multiprocessing_options=this_process()))
-  return ocp.CheckpointManager(writable(directory), options=steps.pruning_options(
-      max_to_keep=max_to_keep, create=False, enable_async_checkpointing=False,
-      cleanup_tmp_directories=True, multiprocessing_options=every_process()))
+        multiprocessing_options=run_directory.this_process()))
+  return ocp.CheckpointManager(
+      run_directory.writable(directory),
+      options=run_directory.pruning_options(
+          max_to_keep=max_to_keep, create=False,
+          enable_async_checkpointing=False, cleanup_tmp_directories=True,
+          multiprocessing_options=run_directory.every_process()))
 
 
 def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
@@ -156,16 +95,17 @@ def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
   Raises StepAlreadyExistsError on every process alike when the step is
   published already (by an index builder beside a trainer, say).
   """
-  if distributed.agree(step in steps.reload(manager)):
+  if distributed.agree(step in run_directory.reload(manager)):
     raise ocp.checkpoint_manager.StepAlreadyExistsError(
         f'Index step {step} is already published in {manager.directory}.')
-  items = {'embeddings': ocp.args.StandardSave({'embeddings': embeddings}),
-           'metadata': ocp.args.JsonSave(metadata)}
+  items = {run_directory.EMBEDDINGS: ocp.args.StandardSave(
+      {'embeddings': embeddings}),
+           run_directory.METADATA: ocp.args.JsonSave(metadata)}
   if scann is not None:
-    items['scann'] = ScannSave(scann)
+    items[run_directory.SCANN] = ScannSave(scann)
   manager.save(step, args=ocp.args.Composite(**items), force=True)
   manager.wait_until_finished()
-  steps.empty_trash(manager.directory)
+  run_directory.empty_trash(manager.directory)
 
 
 def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
@@ -192,19 +132,19 @@ def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
 
 def read_metadata(manager: ocp.CheckpointManager, step: int) -> dict | None:
   """The metadata of a published step; None if it was pruned meanwhile."""
-  restored = steps.restore(manager, step, ocp.args.Composite(
-      metadata=ocp.args.JsonRestore()))
-  return None if restored is None else restored['metadata']
+  restored = run_directory.restore(manager, step, ocp.args.Composite(**{
+      run_directory.METADATA: ocp.args.JsonRestore()}))
+  return None if restored is None else restored[run_directory.METADATA]
 
 
 def read_embeddings(manager: ocp.CheckpointManager,
                     step: int) -> np.ndarray | None:
   """[num_blocks, dim] embeddings of a published step; None if it was pruned
   meanwhile."""
-  restored = steps.restore(manager, step, ocp.args.Composite(
-      embeddings=ocp.args.StandardRestore()))
+  restored = run_directory.restore(manager, step, ocp.args.Composite(**{
+      run_directory.EMBEDDINGS: ocp.args.StandardRestore()}))
   return (None if restored is None else
-          np.asarray(restored['embeddings']['embeddings']))
+          np.asarray(restored[run_directory.EMBEDDINGS]['embeddings']))
 
 
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
@@ -218,12 +158,29 @@ def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
     return None
   check_compatible(metadata, corpus_metadata, dim, where, block_length)
   if searcher == 'scann' and metadata['searcher'] == 'scann':
-    loaded = steps.restore(manager, step, ocp.args.Composite(
-        scann=ScannRestore()))
-    return None if loaded is None else (loaded['scann'], metadata)
+    loaded = run_directory.restore(manager, step, ocp.args.Composite(**{
+        run_directory.SCANN: ScannRestore()}))
+    return None if loaded is None else (loaded[run_directory.SCANN], metadata)
   embeddings = read_embeddings(manager, step)
   if embeddings is None:
     return None
   if searcher == 'scann':
     return build_scann(embeddings), metadata
   return ExactSearcher(embeddings, devices=devices), metadata
+
+
+def embed_and_publish(index: ocp.CheckpointManager, step: int,
+                      embedder: DocumentEmbedder, params, local_arrays,
+                      corpus_metadata: dict, searcher: str = 'exact') -> None:
+  """Embeds every block with `params` (the retriever's) and publishes `step`."""
+  start = time.perf_counter()
+  embeddings, docs_per_s = embed_corpus(embedder, params, local_arrays,
+                                        corpus_metadata['num_blocks'])
+  scann = build_scann(embeddings) if searcher == 'scann' else None
+  publish(index, step, embeddings, index_metadata(
+      corpus_metadata, embeddings, step, searcher,
+      local_arrays['token_ids'].shape[1]), scann)
+  log.info('published index step %d: %s blocks in %.1fs (embedding '
+               '%s docs/s on %d %s device(s))', step, f'{len(embeddings):,}',
+               time.perf_counter() - start, f'{docs_per_s:,.0f}',
+               jax.device_count(), jax.devices()[0].platform)

@@ -7,48 +7,23 @@ and publishes the index under model_dir/index with the trainer step as its
 step. The builder alone sets how fresh the trainer's index is: the trainer
 swaps in each index at its next step (see `client`). It exits when the
 trainer marks training done and the last step is published. A checkpoint the
-trainer prunes while it is listed or read is skipped (see `steps`), never
-fatal.
+trainer prunes while it is listed or read is skipped (see `run_directory`),
+never fatal.
 """
 
+import logging
 import time
 
 import gin
-import jax
 from etils import epath
 
-from realm_jax import distributed
+from realm_jax import distributed, run_directory
 from realm_jax.data import corpus
-from realm_jax.index import publication, steps
-from realm_jax.index.embed import (DocumentEmbedder, embed_corpus,
-                                   local_block_arrays)
-from realm_jax.index.scann_searcher import build_scann
-from realm_jax.models.realm import build_realm
-from realm_jax.models.retriever import Retriever
+from realm_jax.index import publication
+from realm_jax.index.embed import DocumentEmbedder, local_block_arrays
+from realm_jax.models.realm import model_retriever
 
-
-def model_retriever() -> Retriever:
-  """The retriever of the gin-configured REALM model."""
-  realm = build_realm()
-  return Retriever(realm.retriever_config, realm.projection_size,
-                   realm.share_towers, realm.retriever_pooling)
-
-
-def embed_and_publish(index, step: int, embedder: DocumentEmbedder, params,
-                      local_arrays, corpus_metadata: dict,
-                      searcher: str = 'exact') -> None:
-  """Embeds every block with `params` (the retriever's) and publishes `step`."""
-  start = time.perf_counter()
-  embeddings, docs_per_s = embed_corpus(embedder, params, local_arrays,
-                                        corpus_metadata['num_blocks'])
-  scann = build_scann(embeddings) if searcher == 'scann' else None
-  publication.publish(index, step, embeddings, publication.index_metadata(
-      corpus_metadata, embeddings, step, searcher,
-      local_arrays['token_ids'].shape[1]), scann)
-  print(f'published index step {step}: {len(embeddings):,} blocks in '
-        f'{time.perf_counter() - start:.1f}s (embedding {docs_per_s:,.0f} '
-        f'docs/s on {jax.device_count()} {jax.devices()[0].platform} '
-        'device(s))', flush=True)
+log = logging.getLogger(__name__)
 
 
 def due_step(saved: list[int], last: int | None, interval: int,
@@ -73,28 +48,28 @@ class IndexBuilder:
     self.corpus_metadata = corpus.load_metadata(corpus_dir)
     self.arrays = local_block_arrays(corpus_dir, block_length)
     self.embedder = DocumentEmbedder(model_retriever(), batch_size)
-    self.index = publication.index_manager(publication.index_dir(model_dir),
-                                           max_to_keep=max_to_keep)
-    self.checkpoints = publication.trainer_checkpoints(model_dir)
+    self.index = publication.index_manager(
+        run_directory.index_dir(model_dir), max_to_keep=max_to_keep)
+    self.checkpoints = run_directory.trainer_checkpoints(model_dir)
     self.last = self.index.latest_step()
     self.published = 0
 
   def poll(self) -> str:
     """'published' a due step, 'waiting' for one, or training is 'done'."""
     # Read before the listing: a step saved after it must still be embedded.
-    done = publication.training_done(self.model_dir)
-    saved = steps.reload(self.checkpoints)
-    indexes = steps.reload(self.index)  # A trainer may have published first.
+    done = run_directory.training_done(self.model_dir)
+    saved = run_directory.reload(self.checkpoints)
+    indexes = run_directory.reload(self.index)  # A trainer may have published first.
     if indexes:
       self.last = max(self.last if self.last is not None else -1, indexes[-1])
     # Embedding and publishing are collective: process 0's view decides.
     step = due_step(saved, self.last, self.interval, done)
     due = distributed.agree(-1 if step is None else step)
     if due >= 0:
-      params = publication.restore_retriever_params(self.checkpoints, due)
+      params = run_directory.restore_retriever_params(self.checkpoints, due)
       if not distributed.everyone(params is not None):
         return 'waiting'
-      embed_and_publish(self.index, due, self.embedder, params, self.arrays,
+      publication.embed_and_publish(self.index, due, self.embedder, params, self.arrays,
                         self.corpus_metadata, self.searcher)
       self.last, self.published = due, self.published + 1
       return 'published'
@@ -122,20 +97,21 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
     raise ValueError(f'searcher={searcher!r}; expected one of '
                      f'{publication.SEARCHERS}.')
   distributed.initialize()
-  while not epath.Path(publication.checkpoints_dir(model_dir)).is_dir():
+  while not epath.Path(run_directory.checkpoints_dir(model_dir)).is_dir():
     time.sleep(poll_seconds)
   builder = IndexBuilder(model_dir, corpus_dir, searcher, batch_size,
                          max_to_keep, block_length,
                          refresh_interval_steps * stale_factor)
-  print(f'index builder: {builder.corpus_metadata["num_blocks"]:,} blocks, '
-        f'polling {publication.checkpoints_dir(model_dir)} (last index step '
-        f'{builder.last}), embedding a checkpoint every {builder.interval} '
-        'steps', flush=True)
+  log.info('index builder: %s blocks, polling %s (last index step %s), '
+           'embedding a checkpoint every %d steps',
+           f'{builder.corpus_metadata["num_blocks"]:,}',
+           run_directory.checkpoints_dir(model_dir), builder.last,
+           builder.interval)
   while True:
     polled = builder.poll()
     if polled == 'done':
-      print(f'training done; index builder exits after {builder.published} '
-            'refreshes', flush=True)
+      log.info('training done; index builder exits after %d refreshes',
+               builder.published)
       return builder.published
     if polled == 'waiting':
       time.sleep(poll_seconds)

@@ -107,3 +107,11 @@ def build_realm(retriever_config: BertConfig | None = None,
   """The gin entry point: `Realm` with BERT-base towers unless configured."""
   return Realm(retriever_config or BertConfig(), reader_config or BertConfig(),
                **kwargs)
+
+
+def model_retriever(realm: Realm | None = None) -> Retriever:
+  """The retriever alone of `realm` (default the gin-configured model): what
+  the index builder embeds with and the trainer embeds queries with."""
+  realm = realm or build_realm()
+  return Retriever(realm.retriever_config, realm.projection_size,
+                   realm.share_towers, realm.retriever_pooling)

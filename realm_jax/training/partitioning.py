@@ -1,6 +1,8 @@
-"""The one place that builds the device mesh and every sharding.
+"""The trainer's device mesh and every sharding of its state and batches.
 
-A 2-D mesh ('data', 'model'): the batch is split over 'data'; attention heads,
+(The index builder's embedding step and exact search run on 1-D meshes of
+their own devices: `embed.DocumentEmbedder` and `exact.index_mesh`.) A 2-D
+mesh ('data', 'model'): the batch is split over 'data'; attention heads,
 feed-forward units and the vocabulary are split over 'model' (Megatron-style).
 The Flax modules name their axes logically (batch, length, embed, heads, kv,
 mlp, vocab, ...); `LOGICAL_AXIS_RULES` maps those names onto mesh axes, and a

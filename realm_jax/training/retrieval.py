@@ -11,25 +11,31 @@ docs/training.md measures the share of a step this takes.
 """
 
 
+import logging
+
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed
+from realm_jax import distributed, run_directory
 from realm_jax.data import corpus
-from realm_jax.index import publication, steps
+from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
 from realm_jax.index.embed import DocumentEmbedder, block_arrays, local_share
-from realm_jax.index.refresh import embed_and_publish
 from realm_jax.models.candidates import (NULL_DOCUMENT_ID, gather_blocks,
                                          null_document, select_candidates)
+from realm_jax.models.retriever import Retriever
+from realm_jax.training import partitioning
+
+log = logging.getLogger(__name__)
 
 
 class CandidateRetrieval:
   """Candidates of a batch of queries, from the corpus and its newest index.
 
   Attributes:
+    retriever: the towers' module; queries are embedded with it on `mesh`.
     num_candidates: k, the null document included when `null_document_first`.
     null_document_first: the empty document at candidate 0 (pre-training).
     exclude_source: drop each query's own block, the trivial candidate.
@@ -37,11 +43,12 @@ class CandidateRetrieval:
       shorter blocks make the document tower cheaper on small machines.
   """
 
-  def __init__(self, model_dir: str, corpus_dir: str, dim: int,
-               num_candidates: int, null_document_first: bool,
+  def __init__(self, model_dir: str, corpus_dir: str, retriever: Retriever,
+               mesh, num_candidates: int, null_document_first: bool,
                exclude_source: bool, cls_id: int, sep_id: int,
                block_length: int | None = None):
     self.model_dir, self.corpus_dir = model_dir, corpus_dir
+    self.retriever, self.mesh = retriever, mesh
     self.corpus_metadata = corpus.load_metadata(corpus_dir)
     self.num_candidates = num_candidates
     self.null_document_first = null_document_first
@@ -53,17 +60,31 @@ class CandidateRetrieval:
     self.null = {k: np.asarray(v) for k, v in null_document(
         self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
     # This process's devices only: each process searches its own queries.
-    self.client = IndexClient(model_dir, self.corpus_metadata, dim,
+    self.client = IndexClient(model_dir, self.corpus_metadata,
+                              retriever.projection_size,
                               devices=jax.local_devices(),
                               block_length=block_length)
+    data = partitioning.batch_sharding(mesh)
+    self._embed_query = jax.jit(
+        lambda params, query: retriever.apply(
+            {'params': params}, query['token_ids'], query['input_mask'],
+            query['token_type_ids'], method='embed_query'),
+        in_shardings=(None, data), out_shardings=data)
 
-  def _publish(self, step: int, retriever, retriever_params) -> None:
-    print(f'embedding the corpus with the step-{step} retriever into '
-          f'{publication.index_dir(self.model_dir)}', flush=True)
+  def query_embeddings(self, retriever_params, query: dict) -> np.ndarray:
+    """This process's rows of the queries' embeddings, on the devices."""
+    embedded = self._embed_query(retriever_params,
+                                 partitioning.global_batch(query, self.mesh))
+    return partitioning.local_rows(embedded, self.mesh)
+
+  def _publish(self, step: int, retriever_params) -> None:
+    index_dir = run_directory.index_dir(self.model_dir)
+    log.info('embedding the corpus with the step-%d retriever into %s', step,
+             index_dir)
     try:
-      embed_and_publish(
-          publication.index_manager(publication.index_dir(self.model_dir)),
-          step, DocumentEmbedder(retriever), retriever_params,
+      publication.embed_and_publish(
+          publication.index_manager(index_dir), step,
+          DocumentEmbedder(self.retriever), retriever_params,
           local_share(self.blocks), self.corpus_metadata)
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass  # An index builder beside us published the same step first.
@@ -71,11 +92,11 @@ class CandidateRetrieval:
   def _warm_start_embeddings(self, source_dir: str, source_step: int):
     """Another run's index of `source_step`, or None when it has none that
     fits this corpus and block cut."""
-    directory = publication.index_dir(source_dir)
+    directory = run_directory.index_dir(source_dir)
     if not epath.Path(directory).is_dir():
       return None
     source = publication.index_manager(directory, read_only=True)
-    if source_step not in steps.reload(source):
+    if source_step not in run_directory.reload(source):
       return None
     metadata = publication.read_metadata(source, source_step)
     if metadata is None:
@@ -85,7 +106,7 @@ class CandidateRetrieval:
                                    self.client.dim, directory,
                                    self.client.block_length)
     except publication.IndexMismatchError as error:
-      print(f'not reusing the warm start\'s index: {error}', flush=True)
+      log.info("not reusing the warm start's index: %s", error)
       return None
     return publication.read_embeddings(source, source_step)
 
@@ -93,16 +114,16 @@ class CandidateRetrieval:
     """Publishes the warm start's embeddings as our `step`."""
     try:
       publication.publish(
-          publication.index_manager(publication.index_dir(self.model_dir)),
+          publication.index_manager(run_directory.index_dir(self.model_dir)),
           step, embeddings, publication.index_metadata(
               self.corpus_metadata, embeddings, step, 'exact',
               self.client.block_length))
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass
-    print(f'index step {step}: the warm start\'s index ({source}), embedded '
-          'by the same parameters', flush=True)
+    log.info("index step %d: the warm start's index (%s), embedded by the "
+             'same parameters', step, source)
 
-  def ensure_index(self, step: int, retriever, retriever_params,
+  def ensure_index(self, step: int, retriever_params,
                    warm_start: tuple[str, int] | None = None) -> None:
     """Without any published index, publishes one as `step`: the warm-start
     run's index of the step we started from (`warm_start`: its model_dir and
@@ -116,13 +137,14 @@ class CandidateRetrieval:
         self._copy(step, embeddings,
                    f'step {warm_start[1]} of {warm_start[0]}')
       else:
-        self._publish(step, retriever, retriever_params)
+        self._publish(step, retriever_params)
     self.client.maybe_refresh()
     if self.client.searcher is None:
-      raise RuntimeError(f'No index in {publication.index_dir(self.model_dir)}'
-                         f' after publishing step {step}.')
+      raise RuntimeError(
+          f'No index in {run_directory.index_dir(self.model_dir)} after '
+          f'publishing step {step}.')
 
-  def index_at(self, step: int, retriever, retriever_params) -> None:
+  def index_at(self, step: int, retriever_params) -> None:
     """Serves the index of exactly `step`, embedding it if none was published
     (evaluating a retriever, not the stale index it trained with), and keeps
     it: a newer index published meanwhile is not swapped in."""
@@ -131,11 +153,11 @@ class CandidateRetrieval:
       return
     self.client.maybe_refresh(force=True)
     if distributed.agree(self.client.index_step != step):
-      self._publish(step, retriever, retriever_params)
+      self._publish(step, retriever_params)
       self.client.maybe_refresh(force=True)
     if self.client.index_step != step:
       raise RuntimeError(
-          f'{publication.index_dir(self.model_dir)} serves step '
+          f'{run_directory.index_dir(self.model_dir)} serves step '
           f'{self.client.index_step}, not the evaluated step {step}.')
 
   def blocks_of(self, ids):

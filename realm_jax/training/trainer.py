@@ -1,8 +1,9 @@
 """The one train loop: ICT warm-start, REALM pre-training and Open-QA fine-tuning.
 
 The step is one `jax.jit` with explicit in/out shardings over a ('data',
-'model') mesh and the state donated; the run kind (see `run_kinds`) supplies
-the task, the warm start, the host-side retrieval and the loss. The loop
+'model') mesh and the state donated. The run kind (see `run_kinds`) supplies
+the task and the warm start, its objective the loss, and its batch preparer
+the host-side retrieval. The loop
 retrieves each batch while the device runs the step before it, saves
 asynchronous Orbax checkpoints, resumes from the newest one with the data
 order unchanged, stops on a non-finite loss, and writes metrics (see
@@ -19,45 +20,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from etils import epath
 from flax import linen as nn
 
-from realm_jax import distributed
+from realm_jax import distributed, run_directory
 from realm_jax.progress import Progress
 from realm_jax.training import input_pipeline, optimizer, partitioning
+from realm_jax.training.batches import BatchPreparer
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.curves import plot_curves
 from realm_jax.training.metric_writer import create_writer, metrics_path
+from realm_jax.training.objectives import Objective
 from realm_jax.training.run_kinds import RunKind
 from realm_jax.training.train_state import TrainState
 
+log = logging.getLogger(__name__)
+
 
 class Trainer:
-  """A run kind's parameters, optimizer and jitted step on one mesh.
+  """An objective's parameters, optimizer and jitted step on one mesh.
 
-  With model_dir None the run builds its model alone, without data or an
-  index: enough to `lower` the step ahead of time. With the run's
-  `microbatches` > 1 the step runs the forward and backward passes on that
-  many equal slices of the batch in turn and averages their losses and
-  gradients, so only one slice's activations are live at a time (what fits
-  BERT-base at batch 512 on 64 chips; docs/scaling.md).
+  It needs no data and no index: enough to `lower` the step ahead of time.
+  With the objective's `microbatches` > 1 the step runs the forward and
+  backward passes on that many equal slices of the batch in turn and
+  averages their losses and gradients, so only one slice's activations are
+  live at a time (what fits BERT-base at batch 512 on 64 chips;
+  docs/scaling.md).
   """
 
-  def __init__(self, run: RunKind, model_dir: str | None, mesh,
-               num_steps: int, seed: int = 0):
-    self.run, self.mesh = run, mesh
-    self.microbatches = run.microbatches
-    if model_dir is None:
-      run.build_model()
-    else:
-      run.setup(model_dir, mesh)
+  def __init__(self, objective: Objective, mesh, num_steps: int,
+               seed: int = 0):
+    self.objective, self.mesh = objective, mesh
+    self.microbatches = objective.microbatches
     self.rng = jax.random.PRNGKey(seed)
-    boxed = jax.eval_shape(run.init, self.rng)
+    boxed = jax.eval_shape(objective.init, self.rng)
     self.param_shardings = partitioning.logical_shardings(boxed, mesh)
     abstract_params = nn.meta.unbox(boxed)
+    frozen = objective.frozen(abstract_params)
     # The schedule decays to zero at the run's last step.
-    self.tx, self.schedule = optimizer.bert_adamw(total_steps=num_steps,
-                                                  frozen=run.frozen)
+    self.tx, self.schedule = optimizer.bert_adamw(
+        total_steps=num_steps,
+        frozen=None if frozen is None else lambda _: frozen)
     abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
     replicated = partitioning.replicated(mesh)
     self.state_shardings = TrainState(
@@ -72,13 +74,20 @@ class Trainer:
                    rng=jax.ShapeDtypeStruct((2,), jnp.uint32)),
         self.state_shardings)
     self._step = None
-    self._evaluate = jax.jit(lambda p, x: run.loss(p, x, self.rng, True)[1])
+    # The deterministic loss' metrics, for held-out evaluation.
+    self.evaluate = jax.jit(
+        lambda p, x: objective.loss(p, x, self.rng, True)[1])
 
-  def initial_state(self) -> TrainState:
-    """Fresh parameters, then the run kind's warm start, then Adam's state."""
-    params = jax.jit(lambda rng: nn.meta.unbox(self.run.init(rng)),
-                     out_shardings=self.param_shardings)(self.rng)
-    params = jax.device_put(self.run.warm_start(params), self.param_shardings)
+  def fresh_params(self):
+    """Newly initialized parameters, placed as the step shards them."""
+    return jax.jit(lambda rng: nn.meta.unbox(self.objective.init(rng)),
+                   out_shardings=self.param_shardings)(self.rng)
+
+  def initial_state(self, params=None) -> TrainState:
+    """Step 0 from `params` (default `fresh_params`), with Adam's state."""
+    params = jax.device_put(
+        self.fresh_params() if params is None else params,
+        self.param_shardings)
     opt_state = jax.jit(self.tx.init,
                         out_shardings=self.state_shardings.opt_state)(params)
     return jax.device_put(
@@ -87,7 +96,7 @@ class Trainer:
 
   def loss_and_grads(self, params, inputs, rng):
     """((loss, metrics), gradients) of one batch, in training mode."""
-    return jax.value_and_grad(self.run.loss, has_aux=True)(
+    return jax.value_and_grad(self.objective.loss, has_aux=True)(
         params, inputs, rng, False)
 
   def gradients(self, params, inputs, rng):
@@ -152,28 +161,26 @@ class Trainer:
 
   def lower(self, abstract_inputs: dict):
     """The step lowered for a global batch of `jax.ShapeDtypeStruct`s (see
-    `RunKind.abstract_inputs`); nothing is allocated."""
+    `Objective.abstract_inputs`); nothing is allocated."""
     return self._jit_step(abstract_inputs).lower(self.abstract_state,
                                                  abstract_inputs)
 
-  def evaluate(self, params, step: int, batch_size: int, num_batches: int,
-               seed: int = 0) -> dict:
-    return held_out_metrics(self.run, self._evaluate, self.mesh, params, step,
-                            batch_size, num_batches, seed)
 
 
-def held_out_metrics(run: RunKind, evaluate, mesh, params, step: int,
-                     batch_size: int, num_batches: int, seed: int = 0) -> dict:
+def held_out_metrics(run: RunKind, preparer: BatchPreparer, evaluate, mesh,
+                     params, step: int, batch_size: int, num_batches: int,
+                     seed: int = 0) -> dict:
   """The run's metrics on the first `num_batches` held-out batches (the
   same ones every time): the mean over batches of each batch's metrics.
-  `evaluate(params, inputs)` is the jitted deterministic loss' metrics."""
+  `evaluate(params, inputs)` is the jitted deterministic loss' metrics
+  (`Trainer.evaluate`)."""
   totals, count = {}, 0
   for examples in input_pipeline.batches(
       run.task, run.eval_split, run.shapes, batch_size, seed=seed,
       shuffle=False, num_epochs=1):
     if count == num_batches:
       break
-    inputs, _ = run.prepare(examples, params, step)
+    inputs, _ = preparer.prepare(examples, params, step)
     metrics = jax.device_get(evaluate(
         params, partitioning.global_batch(inputs, mesh)))
     for name, value in metrics.items():
@@ -217,15 +224,19 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       there does: resumes stay exact.
   """
   distributed.initialize()
+  model_dir = run_directory.absolute(model_dir)
   mesh = partitioning.make_mesh()
-  trainer = Trainer(run, model_dir, mesh, num_steps, seed)
+  trainer = Trainer(run.objective, mesh, num_steps, seed)
+  preparer = run.batch_preparer(model_dir, mesh)
   checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
   data_shards = data_shards or jax.process_count()
   position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
               'data_shards': data_shards}  # Shards decide the order.
   latest = checkpoints.latest_step()
+  warm_index = None
   if latest is None:
-    state = trainer.initial_state()
+    started = run.warm_start(trainer.fresh_params())
+    state, warm_index = trainer.initial_state(started.params), started.index
     checkpoints.save(state, 0, {**position, 'batches': 0}, force=True)
     # Done before the run publishes its first index: two Orbax managers'
     # cross-process barriers must not interleave.
@@ -233,17 +244,19 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   else:
     state, saved = checkpoints.restore(latest, trainer.abstract_state)
     _check_position(saved, position, checkpoints.directory, latest)
-    print(f'resumed from step {latest} of {checkpoints.directory}', flush=True)
+    log.info('resumed from step %d of %s', latest, checkpoints.directory)
   start = int(state.step)
-  run.start(state.params, start)
+  preparer.start(state.params, start, warm_index)
   writer = create_writer(model_dir)
   if jax.process_index() == 0:
-    # The operative config, for evaluation and serving to rebuild the model.
-    (epath.Path(model_dir) / 'config.gin').write_text(
+    # The operative config, for evaluation and serving to rebuild the run.
+    run_directory.config_path(model_dir).write_text(
         gin.operative_config_str())
+  evaluate = lambda params, step: held_out_metrics(
+      run, preparer, trainer.evaluate, mesh, params, step,
+      eval_batch_size or batch_size, eval_batches, seed)
   if eval_every and start == 0:
-    _write(writer, 0, trainer.evaluate(state.params, 0, eval_batch_size or
-                                       batch_size, eval_batches, seed), 'eval/')
+    _write(writer, 0, evaluate(state.params, 0), 'eval/')
   data = input_pipeline.batches(run.task, 'train', run.shapes, batch_size,
                                 seed=seed, skip_batches=start,
                                 data_shards=data_shards)
@@ -254,13 +267,14 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   for step in range(start + 1, num_steps + 1):
     started = time.perf_counter()
     if ready is None:
-      ready = run.prepare(next(data), state.params, step - 1)
+      ready = preparer.prepare(next(data), state.params, step - 1)
     inputs, host_metrics = ready
     # The next batch's device work is queued before this step (with the
     # parameters it starts from, before they are donated to it); its host
     # work runs while the device steps.
     ahead = prefetch and step < num_steps and not checkpoints.due(step)
-    host_part = ahead and run.dispatch_prepare(next(data), state.params, step)
+    host_part = ahead and preparer.dispatch_prepare(next(data), state.params,
+                                                    step)
     prepared = time.perf_counter()
     state, metrics = trainer.step(state, inputs)
     ready = host_part() if host_part else None
@@ -287,20 +301,18 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       _write(writer, step, summary)
       window, window_start = [], time.perf_counter()
     if eval_every and step % eval_every == 0:
-      _write(writer, step, trainer.evaluate(
-          state.params, step, eval_batch_size or batch_size, eval_batches,
-          seed), 'eval/')
+      _write(writer, step, evaluate(state.params, step), 'eval/')
     progress.update(1)
   checkpoints.wait()
   checkpoints.close()
   writer.close()
-  run.finish()  # First: the index builder must stop whatever follows.
+  preparer.finish()  # First: the index builder must stop whatever follows.
   if jax.process_index() == 0:
     try:
       plot_curves(metrics_path(model_dir),
                   os.path.join(model_dir, 'train_curves.png'))
     except (ValueError, OSError) as error:
-      logging.warning('No training-curves plot: %s', error)
+      log.warning('No training-curves plot: %s', error)
   return state
 
 

@@ -1,0 +1,243 @@
+"""The run directory: the only contract between the trainer and the builder.
+
+The two jobs share nothing but one model_dir:
+  config.gin                the trainer's operative gin config (what
+                            `load_run` rebuilds the run from);
+  checkpoints/<step>/       the trainer's checkpoints, items
+                            `retriever_params` (the towers: what the builder
+                            embeds with and warm starts read),
+                            `reader_params` (not in ICT runs), `train_state`
+                            and `data_position`;
+  checkpoints/TRAINING_DONE written by the trainer when it ends;
+  index/<step>/             the published indexes, `step` being the trainer
+                            step whose parameters embedded the corpus: items
+                            `embeddings`, `metadata` and, for ScaNN, `scann`;
+  */pruned/                 steps a writer pruned, being deleted.
+
+Orbax writes each step into a temporary directory and renames it when
+complete, so a reader never sees a partial step. Each writer prunes its old
+steps while the other job reads them: every reader lists and restores through
+`reload`, `restore` and `newest` here, which skip a step that vanishes
+meanwhile (`None` instead of its contents, one line in the log) so that the
+reader looks again on its next poll. Writers prune by renaming a step into
+TRASH (atomic on a local disk; Orbax's `todelete_subdir`) and empty it later,
+so a step still in place after a read was whole during it.
+"""
+
+import logging
+import os
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+CONFIG = 'config.gin'
+CHECKPOINTS = 'checkpoints'
+INDEX = 'index'
+DONE_MARKER = 'TRAINING_DONE'
+TRASH = 'pruned'
+
+# Items of a checkpoint step.
+TRAIN_STATE = 'train_state'
+DATA_POSITION = 'data_position'
+# Items of an index step.
+EMBEDDINGS = 'embeddings'
+METADATA = 'metadata'
+SCANN = 'scann'
+
+# Listings retried at once when a step vanishes under one: the writer's
+# rename is over by then, so the next listing is clean.
+LISTING_ATTEMPTS = 5
+
+
+def params_item(name: str) -> str:
+  """The checkpoint item of one top-level parameter tree ('retriever',
+  'reader')."""
+  return f'{name}_params'
+
+
+RETRIEVER_ITEM = params_item('retriever')
+
+
+def absolute(model_dir: str) -> str:
+  """A local model_dir made absolute (Orbax needs that); URLs as they are."""
+  return model_dir if '://' in model_dir else os.path.abspath(model_dir)
+
+
+def config_path(model_dir: str) -> epath.Path:
+  return epath.Path(model_dir) / CONFIG
+
+
+def checkpoints_dir(model_dir: str) -> str:
+  return os.path.join(absolute(model_dir), CHECKPOINTS)
+
+
+def index_dir(model_dir: str) -> str:
+  return os.path.join(absolute(model_dir), INDEX)
+
+
+def mark_training_done(model_dir: str) -> None:
+  path = epath.Path(checkpoints_dir(model_dir))
+  path.mkdir(parents=True, exist_ok=True)
+  (path / DONE_MARKER).write_text('done\n')
+
+
+def clear_training_done(model_dir: str) -> None:
+  (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).unlink(missing_ok=True)
+
+
+def training_done(model_dir: str) -> bool:
+  return (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).exists()
+
+
+def every_process() -> ocp.options.MultiprocessingOptions:
+  """All processes, named: Orbax then syncs them through the distributed
+  runtime's keyed barriers rather than device collectives, which its
+  background save threads and the main thread would interleave. (Orbax
+  then leaves creating the directory to us: see `writable`.)"""
+  return ocp.options.MultiprocessingOptions(
+      active_processes=set(range(jax.process_count())))
+
+
+def this_process() -> ocp.options.MultiprocessingOptions:
+  """This process alone: a reader of indexes that no other process waits
+  for (each trainer process refreshes its own searcher when it looks)."""
+  return ocp.options.MultiprocessingOptions(
+      primary_host=jax.process_index(),
+      active_processes={jax.process_index()})
+
+
+def writable(directory: str) -> str:
+  epath.Path(directory).mkdir(parents=True, exist_ok=True)
+  return directory
+
+
+def reader_options(**options) -> ocp.CheckpointManagerOptions:
+  """A reader's manager options: read-only, and no commit times read when it
+  is made (a step pruned meanwhile would fail that; `reload` reads them)."""
+  return ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                      lightweight_initialize=True, **options)
+
+
+def pruning_options(**options) -> ocp.CheckpointManagerOptions:
+  """A writer's manager options: pruned steps are first renamed into TRASH,
+  and, as for readers, no commit times read when it is made (another writer
+  may prune the same directory); `options`: the rest, e.g. max_to_keep."""
+  return ocp.CheckpointManagerOptions(todelete_subdir=TRASH,
+                                      lightweight_initialize=True, **options)
+
+
+def _where(manager: ocp.CheckpointManager, step) -> epath.Path:
+  return epath.Path(manager.directory) / str(step)
+
+
+def reload(manager: ocp.CheckpointManager) -> list[int]:
+  """Re-reads the steps of `manager`'s directory; returns them sorted.
+
+  Orbax lists the step directories, then reads each one's commit time: a
+  step pruned in between raises FileNotFoundError (or NotADirectoryError).
+  That listing is retried; should every attempt meet a vanishing step, the
+  previous view stays.
+  """
+  for _ in range(LISTING_ATTEMPTS):
+    try:
+      manager.reload()
+      break
+    except (FileNotFoundError, NotADirectoryError) as error:
+      logging.warning('A step of %s vanished while it was listed (%s: '
+                      'pruned by its writer); listing again.',
+                      manager.directory, error.filename or error)
+  return sorted(manager.all_steps())
+
+
+def restore(manager: ocp.CheckpointManager, step: int, args):
+  """`manager.restore(step, args)`, or None when the step vanished before or
+  during the read. A read that fails on a step still in place raises."""
+  try:
+    restored = manager.restore(step, args=args)
+  except Exception:  # pylint: disable=broad-except
+    if _where(manager, step).is_dir():
+      raise
+    restored = None
+  if not _where(manager, step).is_dir():
+    logging.warning('Step %d of %s vanished while it was read (pruned by its '
+                    'writer); skipped until the next look.', step,
+                    manager.directory)
+    return None
+  return restored
+
+
+def newest(manager: ocp.CheckpointManager, read, attempts: int = 3):
+  """(step, read(step)) of the newest step, looking again when it is pruned
+  under the read (a reader lagging a writer that keeps saving); (None, None)
+  without steps. `read` returns None for a vanished step (see `restore`)."""
+  for _ in range(attempts):
+    kept = reload(manager)
+    if not kept:
+      return None, None
+    result = read(kept[-1])
+    if result is not None:
+      return kept[-1], result
+  raise FileNotFoundError(
+      f'The newest step of {manager.directory} was pruned {attempts} times '
+      'while it was read; its writer prunes faster than it can be read.')
+
+
+def empty_trash(directory) -> None:
+  """Deletes the steps a writer pruned into `directory`/TRASH (process 0
+  only: processes share the directory)."""
+  trash = epath.Path(directory) / TRASH
+  if jax.process_index() or not trash.is_dir():
+    return
+  for pruned in trash.iterdir():
+    try:
+      pruned.rmtree()
+    except FileNotFoundError:
+      pass  # Emptied by an earlier call still running (another thread).
+
+
+def trainer_checkpoints(model_dir: str) -> ocp.CheckpointManager:
+  """Read-only view of the trainer's checkpoints (`reload` to see new
+  ones)."""
+  return ocp.CheckpointManager(
+      checkpoints_dir(model_dir), options=reader_options(
+          multiprocessing_options=every_process()))
+
+
+def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
+  """Only the towers' parameters of a trainer step (not reader or optimizer);
+  None if the trainer pruned the step meanwhile."""
+  restored = restore(checkpoints, step, ocp.args.Composite(**{
+      RETRIEVER_ITEM: ocp.args.StandardRestore()}))
+  return None if restored is None else restored[RETRIEVER_ITEM]
+
+
+def restore_params(model_dir: str, step: int | None = None
+                   ) -> tuple[int, dict]:
+  """(step, {'retriever': ..., 'reader': ...}) of a run's checkpoint `step`
+  (default the newest), for warm starts and evaluation; 'reader' only if the
+  run had one. The run may still be training and pruning its checkpoints."""
+  manager = trainer_checkpoints(model_dir)
+
+  def read(step):
+    names = [name for name in ('retriever', 'reader') if (
+        epath.Path(manager.directory) / str(step) / params_item(name)
+    ).is_dir()]
+    restored = restore(manager, step, ocp.args.Composite(**{
+        params_item(n): ocp.args.StandardRestore() for n in names}))
+    return None if restored is None else {
+        n: jax.device_get(restored[params_item(n)]) for n in names}
+
+  if step is None:
+    step, params = newest(manager, read)
+    if step is None:
+      raise FileNotFoundError(
+          f'No checkpoint under {checkpoints_dir(model_dir)}.')
+    return step, params
+  kept = reload(manager)
+  params = read(step) if step in kept else None
+  if params is None:
+    raise FileNotFoundError(
+        f'No checkpoint {step} under {checkpoints_dir(model_dir)}; kept: '
+        f'{reload(manager)}.')
+  return step, params

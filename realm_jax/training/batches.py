@@ -1,0 +1,193 @@
+"""From a host batch of examples to the step's inputs: where retrieval runs.
+
+A batch preparer turns what the input pipeline gives into the arrays an
+objective's loss reads. For the kinds that read retrieved blocks, it embeds
+the queries with the current query tower, searches the newest published
+index and gathers the candidates' wordpieces from host memory (see
+`retrieval`). `dispatch_prepare` splits that into the device work, queued at
+once, and the host's share, which the train loop does while the device runs
+the step before. A preparer also owns the run's side of the hand-over with
+the index builder: the first index, and the TRAINING_DONE marker.
+"""
+
+import numpy as np
+import seqio
+
+from realm_jax import run_directory
+from realm_jax.data import corpus
+from realm_jax.models.candidates import NULL_DOCUMENT_ID
+from realm_jax.models.realm import model_retriever
+from realm_jax.training.objectives import MarginalMaskedLm, SpanQa
+from realm_jax.training.retrieval import CandidateRetrieval
+
+
+def token_arrays(token_ids, token_type_ids=None) -> dict:
+  """token_ids/input_mask/token_type_ids of zero-padded wordpieces."""
+  token_ids = np.asarray(token_ids, np.int32)
+  return {'token_ids': token_ids,
+          'input_mask': (token_ids != 0).astype(np.int32),
+          'token_type_ids': (np.zeros_like(token_ids) if token_type_ids is None
+                             else np.asarray(token_type_ids, np.int32))}
+
+
+def task_tokenizer(task: str):
+  """The WordPiece tokenizer of a seqio task's queries."""
+  return seqio.get_mixture_or_task(task).output_features[
+      'query_token_ids'].vocabulary.tokenizer
+
+
+def corpus_retrieval(model_dir: str, mesh, retriever, tokenizer,
+                     corpus_name: str, num_candidates: int,
+                     null_document_first: bool = False,
+                     exclude_source: bool = False,
+                     block_length: int | None = None) -> CandidateRetrieval:
+  """Retrieval from a named corpus and model_dir's indexes."""
+  return CandidateRetrieval(
+      model_dir, corpus.corpus_dir(corpus_name), retriever, mesh,
+      num_candidates, null_document_first, exclude_source, tokenizer.cls_id,
+      tokenizer.sep_id, block_length)
+
+
+class BatchPreparer:
+  """Host batches -> the step's inputs (and host-side metrics)."""
+
+  def prepare(self, examples: dict, params, step: int):
+    """(the step's inputs, host metrics) from one host batch of examples,
+    retrieving with `params` (after `step` updates)."""
+    return self.dispatch_prepare(examples, params, step)()
+
+  def dispatch_prepare(self, examples: dict, params, step: int):
+    """`prepare` in two parts: its device work (the query embedding, an
+    exact search) queued now; the returned function does the host's share
+    and gives what `prepare` gives."""
+    raise NotImplementedError
+
+  def start(self, params, step: int,
+            warm_index: tuple[str, int] | None = None) -> None:
+    """Called once the parameters exist, before the first batch;
+    `warm_index`: (model_dir, step) of the run whose parameters a fresh run
+    started from (its index of that step, if published, is this run's
+    first)."""
+
+  def finish(self) -> None:
+    """Called once training is done."""
+
+
+class InverseClozeBatches(BatchPreparer):
+  """ICT: in-batch negatives, nothing retrieved."""
+
+  def dispatch_prepare(self, examples, params, step):
+    del params, step
+    inputs = {'query': token_arrays(examples['query_token_ids']),
+              'block': token_arrays(examples['block_token_ids'],
+                                    examples['block_token_type_ids'])}
+    return lambda: (inputs, {})
+
+
+class _RetrievingBatches(BatchPreparer):
+  """Shared by the kinds that read retrieved blocks."""
+
+  def __init__(self, model_dir: str, mesh, objective, task: str,
+               corpus_name: str, null_document_first: bool,
+               exclude_source: bool):
+    self.model_dir, self.task = model_dir, task
+    self.tokenizer = task_tokenizer(task)
+    self.retrieval = corpus_retrieval(
+        model_dir, mesh, model_retriever(objective.model), self.tokenizer,
+        corpus_name, objective.num_candidates, null_document_first,
+        exclude_source, objective.block_length)
+
+  def query(self, examples) -> dict:
+    return token_arrays(examples['query_token_ids'])
+
+  def start(self, params, step, warm_index=None):
+    if not self.retrieval.fetch:
+      return  # The null document alone: no index to read.
+    self.retrieval.ensure_index(step, params['retriever'],
+                                warm_index if step == 0 else None)
+
+
+class MaskedLmBatches(_RetrievingBatches):
+  """REALM pre-training: masked queries, the null document and the top-k.
+
+  `source_block_rate`: see `run_kinds.Pretrain`.
+  """
+
+  def __init__(self, model_dir: str, mesh, objective: MarginalMaskedLm,
+               task: str, corpus_name: str, null_document: bool,
+               exclude_source: bool, source_block_rate: float = 0.0):
+    super().__init__(model_dir, mesh, objective, task, corpus_name,
+                     null_document, exclude_source)
+    self.source_block_rate = source_block_rate
+
+  def dispatch_prepare(self, examples, params, step):
+    query = self.query(examples)
+    length = query['token_ids'].shape[1]
+    if np.any(examples['mlm_positions'] >= length):
+      raise ValueError(f'A masked position lies past the {length}-wordpiece '
+                       f'query (Pretrain.query_length) in {self.task}: its '
+                       'masking made longer queries.')
+    if self.source_block_rate:
+      # Seeded by the step: a resumed run reads what it would have read.
+      source = np.random.default_rng(step).random(len(examples['block_id']))
+      ids = np.where(source < self.source_block_rate, examples['block_id'],
+                     NULL_DOCUMENT_ID)[:, None]
+      retrieved = lambda: (self.retrieval.blocks_of(ids),
+                           np.ones(ids.shape, bool), ids)
+    else:
+      retrieved = self.retrieval.dispatch_candidates(
+          self.retrieval.query_embeddings(params['retriever'], query),
+          examples['block_id'])
+    # Of the index the search above reads.
+    host_metrics = {'index_staleness': self.retrieval.client.staleness(step)}
+
+    def host_part():
+      blocks, mask, _ = retrieved()
+      targets = np.asarray(examples['mlm_targets'], np.int32)
+      return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
+              'mlm_positions': np.asarray(examples['mlm_positions'], np.int32),
+              'mlm_targets': targets,
+              'mlm_mask': (targets != 0).astype(np.int32)}, host_metrics
+    return host_part
+
+  def start(self, params, step, warm_index=None):
+    # A resumed or extended run: the index builder must keep going.
+    run_directory.clear_training_done(self.model_dir)
+    super().start(params, step, warm_index)
+
+  def finish(self):
+    run_directory.mark_training_done(self.model_dir)
+
+
+class OpenQaBatches(_RetrievingBatches):
+  """Open-QA: questions, their top-k blocks from the index fine-tuning
+  started with (never refreshed: the document tower is frozen), and those
+  blocks' embeddings from that index."""
+
+  def __init__(self, model_dir: str, mesh, objective: SpanQa, task: str,
+               corpus_name: str):
+    super().__init__(model_dir, mesh, objective, task, corpus_name,
+                     null_document_first=False, exclude_source=False)
+    self.retrieval.client.follow = False
+    if self.retrieval.client.searcher_kind != 'exact':
+      raise ValueError(
+          "Fine-tuning reads the index's document embeddings, which only the "
+          "exact searcher keeps: bind IndexClient.searcher = 'exact'.")
+
+  def dispatch_prepare(self, examples, params, step):
+    del step  # The index stays the one fine-tuning started with.
+    query = self.query(examples)
+    retrieved = self.retrieval.dispatch_candidates(
+        self.retrieval.query_embeddings(params['retriever'], query),
+        np.full(len(query['token_ids']), -1))
+
+    def host_part():
+      blocks, mask, ids = retrieved()
+      answers = np.asarray(examples['answer_token_ids'], np.int32)
+      return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
+              'candidate_embeddings':
+                  self.retrieval.client.document_embeddings(ids),
+              'answer_token_ids': answers,
+              'answer_mask': (answers != 0).astype(np.int32)}, {}
+    return host_part
+

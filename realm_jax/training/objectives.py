@@ -1,0 +1,203 @@
+"""What each run kind optimizes: pure functions of parameters and inputs.
+
+An objective, in the spirit of t5x's `BaseModel`, holds the Flax modules of
+one run kind, initializes their parameters, computes the loss of a batch of
+prepared inputs, describes those inputs as shapes, and says which parameters
+stay frozen. It reads no file and no index: retrieval is the batch
+preparer's (`batches`), warm starts are `warm_start`'s. So the step compiles
+ahead of time from an objective alone (`aot`), and this module imports
+neither TensorFlow nor seqio.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from realm_jax.models import losses
+from realm_jax.models.reader import gold_span_mask, span_mask
+from realm_jax.models.realm import Realm
+from realm_jax.models.retriever import Retriever
+
+TOKEN_KEYS = ('token_ids', 'input_mask', 'token_type_ids')
+
+
+def _ones(*shape) -> dict:
+  return {k: jnp.ones(shape, jnp.int32) for k in TOKEN_KEYS}
+
+
+def _abstract(shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _abstract_tokens(*shape) -> dict:
+  """What `batches.token_arrays` gives, as shapes."""
+  return {k: _abstract(shape) for k in TOKEN_KEYS}
+
+
+class Objective:
+  """Init, loss and input shapes of one run kind.
+
+  Attributes:
+    microbatches: slices the step trains a batch in, one at a time (see
+      `Trainer`): for the kinds whose loss is a mean over examples, where
+      the mean of the slices' means stands in for it. ICT's in-batch
+      negatives need the whole batch.
+  """
+
+  def __init__(self, microbatches: int = 1):
+    self.microbatches = microbatches
+
+  def init(self, rng):
+    """Boxed (logically partitioned) fresh parameters."""
+    raise NotImplementedError
+
+  def loss(self, params, inputs, rng, deterministic: bool):
+    """(loss, metrics) of a batch of prepared inputs."""
+    raise NotImplementedError
+
+  def abstract_inputs(self, batch_size: int, block_length: int) -> dict:
+    """Shapes and dtypes of the prepared inputs of a global batch, for
+    lowering the step ahead of time (`block_length`: the corpus' blocks)."""
+    raise NotImplementedError
+
+  def frozen(self, params):
+    """A bool tree, True where a parameter must not train; None: all do."""
+    del params
+    return None
+
+
+class InverseCloze(Objective):
+  """ICT: each pseudo-query against the batch's blocks (ORQA's warm start)."""
+
+  def __init__(self, retriever: Retriever, query_length: int,
+               block_length: int):
+    super().__init__()
+    self.retriever = retriever
+    self.query_length, self.block_length = query_length, block_length
+
+  def init(self, rng):
+    return {'retriever': self.retriever.init(rng, _ones(1, 8),
+                                             _ones(1, 1, 8))['params']}
+
+  def abstract_inputs(self, batch_size, block_length):
+    del block_length  # ICT reads its own, fixed length.
+    return {'query': _abstract_tokens(batch_size, self.query_length),
+            'block': _abstract_tokens(batch_size, self.block_length)}
+
+  def loss(self, params, inputs, rng, deterministic):
+    apply = lambda method, x: self.retriever.apply(
+        {'params': params['retriever']}, *(x[k] for k in TOKEN_KEYS),
+        deterministic=deterministic, rngs={'dropout': rng}, method=method)
+    return losses.ict_loss(apply('embed_query', inputs['query']),
+                           apply('embed_documents', inputs['block']))
+
+
+class _ReadsCandidates(Objective):
+  """Shared by the kinds whose reader reads retrieved blocks."""
+
+  def __init__(self, model: Realm, query_length: int, num_candidates: int,
+               block_length: int | None, microbatches: int):
+    super().__init__(microbatches)
+    self.model = model
+    self.query_length, self.num_candidates = query_length, num_candidates
+    self.block_length = block_length
+
+  def init(self, rng):
+    q, k = 8, 2
+    return self.model.init(rng, _ones(1, q), _ones(1, k, q),
+                           jnp.zeros((1, 1), jnp.int32))['params']
+
+  def _abstract_candidates(self, batch_size, block_length) -> dict:
+    k = self.num_candidates
+    return {'query': _abstract_tokens(batch_size, self.query_length),
+            'candidates': _abstract_tokens(batch_size, k,
+                                           self.block_length or block_length),
+            'candidate_mask': _abstract((batch_size, k), bool)}
+
+
+class MarginalMaskedLm(_ReadsCandidates):
+  """REALM pre-training: the masked LM marginalized over the candidates.
+
+  Attributes:
+    marginalize: 'per_token' (released code) or 'whole_span' (paper eq. 2).
+    null_score_offset: None scores the null document by the document
+      tower, as the paper does; a number d scores it max_z f(x, z) - d (see
+      `losses.null_score_below_best`).
+  """
+
+  def __init__(self, model: Realm, query_length: int, max_masked: int,
+               num_candidates: int, block_length: int | None,
+               marginalize: losses.Marginalization,
+               null_score_offset: float | None, microbatches: int = 1):
+    super().__init__(model, query_length, num_candidates, block_length,
+                     microbatches)
+    self.max_masked, self.marginalize = max_masked, marginalize
+    self.null_score_offset = null_score_offset
+
+  def abstract_inputs(self, batch_size, block_length):
+    masked = (batch_size, self.max_masked)
+    return {**self._abstract_candidates(batch_size, block_length),
+            'mlm_positions': _abstract(masked),
+            'mlm_targets': _abstract(masked), 'mlm_mask': _abstract(masked)}
+
+  def _outputs(self, params, inputs, rng, deterministic):
+    scores, logits = self.model.apply(
+        {'params': params}, inputs['query'], inputs['candidates'],
+        inputs['mlm_positions'], deterministic, rngs={'dropout': rng},
+        method='pretrain')
+    if self.null_score_offset is not None and scores.shape[1] > 1:
+      scores = losses.null_score_below_best(scores, inputs['candidate_mask'],
+                                            self.null_score_offset)
+    return (scores, inputs['candidate_mask'], logits, inputs['mlm_targets'],
+            inputs['mlm_mask'], self.marginalize)
+
+  def loss(self, params, inputs, rng, deterministic):
+    return losses.realm_mlm_loss(*self._outputs(params, inputs, rng,
+                                                deterministic))
+
+  def per_example(self, params, inputs):
+    """Held-out terms of each query (see `losses.realm_mlm_per_example`)."""
+    return losses.realm_mlm_per_example(*self._outputs(
+        params, inputs, jax.random.PRNGKey(0), True))
+
+
+class SpanQa(_ReadsCandidates):
+  """Open-QA fine-tuning: the answer spans marginalized over the top-k
+  blocks, with the document tower and the masked-LM head frozen."""
+
+  def __init__(self, model: Realm, query_length: int, max_answers: int,
+               max_answer_length: int, num_candidates: int,
+               block_length: int | None, microbatches: int = 1):
+    super().__init__(model, query_length, num_candidates, block_length,
+                     microbatches)
+    self.max_answers, self.max_answer_length = max_answers, max_answer_length
+
+  def abstract_inputs(self, batch_size, block_length):
+    answers = (batch_size, self.max_answers, self.max_answer_length)
+    return {**self._abstract_candidates(batch_size, block_length),
+            'candidate_embeddings': _abstract(
+                (batch_size, self.num_candidates, self.model.projection_size),
+                jnp.float32),
+            'answer_token_ids': _abstract(answers),
+            'answer_mask': _abstract(answers)}
+
+  def frozen(self, params):
+    frozen = jax.tree.map(lambda _: False, params)
+    frozen['reader']['mlm_head'] = jax.tree.map(
+        lambda _: True, params['reader']['mlm_head'])
+    if 'document_embedder' in params['retriever']:
+      frozen['retriever']['document_embedder'] = jax.tree.map(
+          lambda _: True, params['retriever']['document_embedder'])
+    return frozen
+
+  def loss(self, params, inputs, rng, deterministic):
+    scores, spans, reader_inputs = self.model.apply(
+        {'params': params}, inputs['query'], inputs['candidates'],
+        inputs['candidate_embeddings'], deterministic, rngs={'dropout': rng},
+        method='read_spans')
+    width = self.model.max_span_width
+    return losses.qa_loss(
+        scores, inputs['candidate_mask'], spans,
+        span_mask(reader_inputs['block_mask'], width),
+        gold_span_mask(reader_inputs['token_ids'], reader_inputs['block_mask'],
+                       inputs['answer_token_ids'], inputs['answer_mask'],
+                       width))

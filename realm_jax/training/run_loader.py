@@ -1,0 +1,114 @@
+"""Runs from gin: the run a launch configures, and a run loaded from disk.
+
+gin's configuration is global; this module and the command line are the
+only places that parse, clear or query it. Everything else receives what
+they build: a `RunKind` (its objective and batch preparer), a batch size, a
+step count. A finished run is rebuilt from the operative config its trainer
+saved (model_dir/config.gin), so `eval`, `ask`, `fill` and the t5x adapter
+need nothing but the directory.
+"""
+
+import dataclasses
+import os
+
+import gin
+from etils import epath
+
+from realm_jax import run_directory
+from realm_jax.index import publication
+from realm_jax.training import trainer
+from realm_jax.training.run_kinds import RunKind
+
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'gin')
+
+
+def parse_gin(files, bindings=(), skip_unknown: bool = False,
+              finalize: bool = True) -> None:
+  """Layers gin files and bindings over the current config. `include
+  'gin/...'` and file paths resolve from the working directory or the
+  repository root; a typo or a missing binding fails here, before work."""
+  gin.add_config_file_search_path(os.path.dirname(GIN_DIR))
+  gin.parse_config_files_and_bindings(list(files), list(bindings),
+                                      skip_unknown=skip_unknown,
+                                      finalize_config=finalize)
+
+
+def configure(files, bindings=()) -> None:
+  """Replaces the whole gin config by `files` and `bindings` (one launch
+  after another in one process, as the demo's stages are)."""
+  gin.clear_config()
+  parse_gin(files, bindings)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfiguredRun:
+  """What `train` would train under the current gin config."""
+  run: RunKind
+  batch_size: int
+  num_steps: int
+
+  @property
+  def kind(self) -> str:
+    return type(self.run).__name__
+
+
+def configured_run() -> ConfiguredRun:
+  """The run kind (built now), batch size and step count bound for
+  `trainer.train`."""
+  bound = gin.get_bindings(trainer.train)
+  missing = [name for name in ('run', 'batch_size', 'num_steps')
+             if name not in bound]
+  if missing:
+    raise ValueError('The gin config binds no ' + ', '.join(
+        f'train.{name}' for name in missing) + '.')
+  return ConfiguredRun(bound['run'], bound['batch_size'], bound['num_steps'])
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRun(ConfiguredRun):
+  """A training run found on disk.
+
+  Attributes:
+    model_dir: its directory, absolute.
+    config: the gin config it was rebuilt from (the saved operative config,
+      then the files and bindings layered over it).
+    step: its newest checkpoint (None: none saved yet).
+    index_step: its newest published index (None: none).
+  """
+  model_dir: str
+  config: str
+  step: int | None
+  index_step: int | None
+
+
+def _steps(directory: str, manager) -> list[int]:
+  """The steps in `directory` (none when it does not exist yet)."""
+  if not epath.Path(directory).is_dir():
+    return []
+  return run_directory.reload(manager(directory))
+
+
+def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
+  """The run in `model_dir`, rebuilt from its config.gin with `gin_files`
+  and `gin_bindings` layered over it. gin keeps that config afterwards (the
+  run's modules read it as they are built); it replaces whatever was
+  configured before."""
+  model_dir = run_directory.absolute(model_dir)
+  config = run_directory.config_path(model_dir)
+  if not config.exists():
+    raise FileNotFoundError(f'No {config}: is {model_dir} a realm-jax '
+                            'training run?')
+  gin.clear_config()
+  gin.parse_config(config.read_text(), skip_unknown=True)
+  parse_gin(gin_files, gin_bindings, skip_unknown=True, finalize=False)
+  configured = configured_run()
+  checkpoints = _steps(run_directory.checkpoints_dir(model_dir), lambda _:
+                       run_directory.trainer_checkpoints(model_dir))
+  indexes = _steps(run_directory.index_dir(model_dir), lambda directory:
+                   publication.index_manager(directory, read_only=True))
+  return LoadedRun(
+      run=configured.run, batch_size=configured.batch_size,
+      num_steps=configured.num_steps, model_dir=model_dir,
+      config=gin.config_str(), step=checkpoints[-1] if checkpoints else None,
+      index_step=indexes[-1] if indexes else None)
