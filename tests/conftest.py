@@ -20,10 +20,11 @@ from realm_jax.models.bert import BertConfig
 from tests.helpers import build_leads_corpus
 
 TIERS = ('unit', 'integration')
-# The launcher installs handlers of these, and a native library loaded in
-# this process may replace Python's at the OS level (then Ctrl-C raises no
-# KeyboardInterrupt).
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The handlers of a fresh `realm-jax` process. The launcher installs its
+# own, and a library loaded in this process may replace them (then Ctrl-C
+# raises no KeyboardInterrupt).
+FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler,
+                  signal.SIGTERM: signal.SIG_DFL}
 
 
 def pytest_collection_modifyitems(items):
@@ -49,21 +50,18 @@ def _clean_gin():
   gin.clear_config()
 
 
-def _install(handlers):
-  for number, handler in handlers.items():
+def _install_fresh_handlers():
+  for number, handler in FRESH_HANDLERS.items():
     signal.signal(number, handler)
 
 
 @pytest.fixture(autouse=True)
-def _python_signal_handlers():
-  """Each test runs with, and leaves, the handlers Python has of SIGNALS,
-  installed again at the OS level in case a native library replaced them."""
-  handlers = {number: signal.getsignal(number) for number in SIGNALS}
-  # None: a handler not set from Python, which cannot be set again.
-  handlers = {n: h for n, h in handlers.items() if h is not None}
-  _install(handlers)
+def _fresh_signal_handlers():
+  """Each test runs with, and leaves, a fresh process's signal handlers,
+  installed again at the OS level whoever replaced them."""
+  _install_fresh_handlers()
   yield
-  _install(handlers)
+  _install_fresh_handlers()
 
 
 @pytest.fixture(scope='session')

@@ -126,7 +126,8 @@ def test_the_trainer_swaps_in_each_index_at_its_next_step(dirs):
   reader.start()
   looks = []  # (time the look started, index step served after it).
   deadline = time.time() + 240
-  while len(published) < 4:
+  # Until a look has started after the fourth publication.
+  while len(published) < 4 or looks[-1][0] <= published[3][1]:
     assert time.time() < deadline and builder.poll() is None
     trainer.step += 1
     trainer.save(trainer.step)

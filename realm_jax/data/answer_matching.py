@@ -73,11 +73,3 @@ def answer_in_top_k(references: Sequence[str], top_k: Sequence[str],
   """One question's recall@k: does one of its top-k blocks hold an answer?"""
   return any(has_answer(t, references, regex) for t in top_k)
 
-
-def answer_recall_at_k(targets: Sequence[Sequence[str]],
-                       retrieved_texts: Sequence[Sequence[str]], k: int,
-                       regex: bool = False) -> dict[str, float]:
-  """Percentage of questions with an answer in one of their top-k blocks."""
-  hits = sum(answer_in_top_k(refs, texts[:k], regex)
-             for refs, texts in zip(targets, retrieved_texts))
-  return {f'recall@{k}': 100.0 * hits / len(targets) if targets else 0.0}
