@@ -6,7 +6,7 @@ import gin
 import numpy as np
 import pytest
 
-from realm_jax import main
+from realm_jax import aot, main
 from realm_jax.evaluation import masked_lm, prediction
 from realm_jax.training import run_loader
 from tests.helpers import RETRIEVAL, train_tiny
@@ -53,6 +53,12 @@ def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys,
       'Pretrain', model_dir, 2, 0)  # The trainer's own first index.
   assert 'Pretrain.num_candidates = 4' in loaded.config
   assert loaded.run.objective.num_candidates == 4
+  # What `realm-jax aot --model_dir` compiles: the run's own step.
+  train_step = aot.compile_and_fit(
+      loaded.run, loaded.batch_size, loaded.num_steps, 1, builder_devices=1,
+      num_blocks=100, block_length=32, embed_batch_size=8, search_queries=4,
+      search_k=4, search_dtype='float32')[0]
+  assert train_step.name == 'train step (Pretrain)' and train_step.flops > 0
   result = prediction.ClozePredictor('pretrain').fill(
       'The [MASK] is the capital of France.')
   assert '[MASK]' not in result['filled'] and 'capital' in result['filled']
