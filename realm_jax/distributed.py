@@ -49,11 +49,15 @@ class _InfoOnProcessZero(logging.Filter):
 
 def log_to_stderr() -> None:
   """realm-jax's info lines from process 0 alone, warnings from every
-  process; other libraries' below warnings stay quiet."""
+  process; other libraries' below warnings stay quiet. Once per process."""
+  root = logging.getLogger()
+  if any(isinstance(f, _InfoOnProcessZero) for h in root.handlers
+         for f in h.filters):
+    return
   handler = logging.StreamHandler()
   handler.setFormatter(logging.Formatter('%(message)s'))
   handler.addFilter(_InfoOnProcessZero())
-  logging.getLogger().addHandler(handler)
+  root.addHandler(handler)
   logging.getLogger('realm_jax').setLevel(logging.INFO)
 
 
