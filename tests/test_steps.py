@@ -10,7 +10,6 @@ step is read. A soak test then runs a real writer process flat out.
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import gin

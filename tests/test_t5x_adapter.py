@@ -375,7 +375,7 @@ def test_score_batch_is_the_marginal_likelihood_of_the_target(qa_model):
   """log sum_z p(z|x) p(y|z,x), computed here from the model's scores and
   span logits over the candidates score_batch retrieved, with the target's
   spans found by scanning the reader's wordpieces."""
-  run, params = qa_model.run, _spread_retrieval(qa_model)
+  params = _spread_retrieval(qa_model)
   batch = _model_batch(qa_model, 4)
   scores, intermediates = jax.jit(qa_model.score_batch, static_argnums=2)(
       params, batch, True)

@@ -21,7 +21,7 @@ from realm_jax.models import losses
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import span_mask
 from realm_jax.models.realm import model_retriever
-from realm_jax.training import batches, partitioning
+from realm_jax.training import batches, objectives, partitioning
 from realm_jax.training.run_loader import load_run
 
 MASK = '[MASK]'
@@ -203,8 +203,9 @@ class QAPredictor(RestoredRun):
           read_answers, self.run.objective.model, top_spans=top_spans))
     else:
       objective = self.run.objective
-      retriever = getattr(objective, 'retriever', None) or model_retriever(
-          objective.model)
+      retriever = (objective.retriever
+                   if isinstance(objective, objectives.InverseCloze)
+                   else model_retriever(objective.model))
       self.retrieval = batches.corpus_retrieval(
           self.model_dir, self.mesh, retriever, self.tokenizer,
           self.run.corpus_name, recall_k, block_length=self.run.block_length)
