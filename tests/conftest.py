@@ -14,6 +14,8 @@ import signal
 
 import gin
 import pytest
+from etils import epath
+from etils.epath import backend, gpath, register
 
 from realm_jax import embedded
 from realm_jax.models.bert import BertConfig
@@ -95,3 +97,23 @@ def small_corpus_env(small_corpus, monkeypatch):
   look for `wiki_leads`."""
   monkeypatch.setenv('REALM_CORPUS_DIR', small_corpus)
   return small_corpus
+
+
+@pytest.fixture
+def ram(monkeypatch):
+  """`ram://` routed like gs://, through epath's tf.io.gfile backend."""
+  monkeypatch.setattr(gpath, '_URI_PREFIXES', gpath._URI_PREFIXES + ('ram://',))
+  monkeypatch.setattr(gpath, '_URI_SCHEMES', gpath._URI_SCHEMES | {'ram'})
+  monkeypatch.setitem(gpath._URI_MAP_ROOT, 'ram://', '/ram/')
+  monkeypatch.setitem(gpath._PREFIX_TO_BACKEND, 'ram', backend.tf_backend)
+  monkeypatch.setitem(register._URI_PREFIXES_TO_CLS, 'ram://',
+                      gpath.PosixGPath)
+  root = epath.Path(f'ram://{os.getpid()}/{id(monkeypatch)}')
+  yield root
+  # Files first: ram:// sees the prefix of model.ckpt.* as a directory, which
+  # rmtree cannot remove.
+  for path in root.glob('*'):
+    if not path.is_dir():
+      path.unlink()
+  if root.exists():
+    root.rmtree()

@@ -13,7 +13,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'realm_jax'
 # Top-level modules every layer may use; they import none of the layers.
 SHARED = {'distributed', 'progress', 'embedded', 'run_directory'}
 LAYERS = {'data': 1, 'models': 2, 'index': 3, 'training': 3,
-          'evaluation': 4, 'aot': 5, 'demo': 5, 'main': 5}
+          'evaluation': 4, 'released': 4, 'aot': 5, 'demo': 5, 'main': 5}
 
 
 def _module(path: pathlib.Path) -> str:

@@ -10,7 +10,6 @@ import jax
 import numpy as np
 import pytest
 from etils import epath
-from etils.epath import backend, gpath, register
 
 from realm_jax.data import corpus
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -21,21 +20,6 @@ from realm_jax.training.metric_writer import JsonlWriter
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The library and the seqio tasks: what reads and writes data.
 PACKAGES = [os.path.join(REPO, name) for name in ('realm_jax', 'tasks')]
-
-
-@pytest.fixture
-def ram(monkeypatch):
-  """`ram://` routed like gs://, through epath's tf.io.gfile backend."""
-  monkeypatch.setattr(gpath, '_URI_PREFIXES', gpath._URI_PREFIXES + ('ram://',))
-  monkeypatch.setattr(gpath, '_URI_SCHEMES', gpath._URI_SCHEMES | {'ram'})
-  monkeypatch.setitem(gpath._URI_MAP_ROOT, 'ram://', '/ram/')
-  monkeypatch.setitem(gpath._PREFIX_TO_BACKEND, 'ram', backend.tf_backend)
-  monkeypatch.setitem(register._URI_PREFIXES_TO_CLS, 'ram://',
-                      gpath.PosixGPath)
-  root = epath.Path(f'ram://{os.getpid()}/{id(monkeypatch)}')
-  yield root
-  if root.exists():
-    root.rmtree()
 
 
 def _copy(source: str, target: epath.Path) -> epath.Path:

@@ -89,7 +89,7 @@ def test_the_client_survives_an_index_pruned_while_listed(dirs, monkeypatch,
 
 
 @pytest.mark.parametrize('handler', [ocp.JsonCheckpointHandler,
-                                     ocp.StandardCheckpointHandler],
+                                     publication.EmbeddingsHandler],
                          ids=['metadata', 'embeddings'])
 def test_the_client_skips_an_index_pruned_while_loaded(dirs, monkeypatch,
                                                        caplog, handler):

@@ -253,6 +253,63 @@ def format_histogram(histogram: dict[str, int], width: int = 40) -> str:
                    for bucket, count in histogram.items())
 
 
+class CorpusWriter:
+  """Writes blocks, in id order, into TFRecord shards of a temporary
+  directory, fingerprinting their token ids; `finish` writes metadata.json
+  and moves the corpus into place whole."""
+
+  def __init__(self, output_dir: str, vocab_path: str,
+               blocks_per_shard: int = 100_000):
+    self.output_dir = output_dir
+    self.tmp_dir = output_dir.rstrip('/') + '.incomplete'
+    if epath.Path(self.tmp_dir).exists():
+      epath.Path(self.tmp_dir).rmtree()
+    epath.Path(self.tmp_dir).mkdir(parents=True)
+    self.vocab_hash = _vocab_hash(vocab_path)
+    self.digest = hashlib.sha256(self.vocab_hash.encode())
+    self.blocks_per_shard = blocks_per_shard
+    self.lengths, self.shards, self._writer = [], [], None
+
+  def write(self, blocks: Iterable[Block]) -> None:
+    for block in blocks:
+      if block.block_id != len(self.lengths):
+        raise ValueError(f'Block id {block.block_id} written as block '
+                         f'{len(self.lengths)}: ids must be consecutive.')
+      if (self._writer is None
+          or self.shards[-1]['num_blocks'] == self.blocks_per_shard):
+        if self._writer is not None:
+          self._writer.close()
+        name = f'blocks-{len(self.shards):05d}.tfrecord'
+        self.shards.append({'path': name, 'num_blocks': 0})
+        self._writer = tf.io.TFRecordWriter(os.path.join(self.tmp_dir, name))
+      self._writer.write(block.to_example())
+      self.shards[-1]['num_blocks'] += 1
+      self.lengths.append(len(block.token_ids))
+      self.digest.update(np.asarray(block.token_ids, np.int32).tobytes())
+      self.digest.update(b'|')
+
+  def finish(self, max_block_length: int, **fields) -> dict:
+    """Writes metadata.json (the counts, fingerprint and length histogram,
+    plus `fields`) and replaces `output_dir` by the new corpus."""
+    if self._writer is not None:
+      self._writer.close()
+    lengths = self.lengths
+    metadata = {
+        'num_blocks': len(lengths),
+        'max_block_length': max_block_length,
+        'vocab_hash': self.vocab_hash,
+        'corpus_fingerprint': self.digest.hexdigest(),
+        'shards': self.shards,
+        'length_histogram': _histogram(lengths, max_block_length),
+        'mean_length': float(np.mean(lengths)) if lengths else 0.0,
+        **fields,
+    }
+    (epath.Path(self.tmp_dir) / METADATA).write_text(
+        json.dumps(metadata, indent=1))
+    replace_dir(self.tmp_dir, self.output_dir)
+    return metadata
+
+
 def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
                  wiki_leads_json: str | None = None,
                  jsonl_paths: list[str] | None = None,
@@ -278,59 +335,25 @@ def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
                                    source_digest)
     count_articles = False
 
-  tmp_dir = output_dir.rstrip('/') + '.incomplete'
-  if epath.Path(tmp_dir).exists():
-    epath.Path(tmp_dir).rmtree()
-  epath.Path(tmp_dir).mkdir(parents=True)
-  corpus_digest = hashlib.sha256(_vocab_hash(tokenizer.vocab_path).encode())
-  lengths, shards, writer, num_articles = [], [], None, 0
-
-  def write(blocks):
-    nonlocal writer
-    for block in blocks:
-      if writer is None or shards[-1]['num_blocks'] == blocks_per_shard:
-        if writer is not None:
-          writer.close()
-        name = f'blocks-{len(shards):05d}.tfrecord'
-        shards.append({'path': name, 'num_blocks': 0})
-        writer = tf.io.TFRecordWriter(os.path.join(tmp_dir, name))
-      writer.write(block.to_example())
-      shards[-1]['num_blocks'] += 1
-      lengths.append(len(block.token_ids))
-      corpus_digest.update(np.asarray(block.token_ids, np.int32).tobytes())
-      corpus_digest.update(b'|')
-
-  batch = []
+  writer = CorpusWriter(output_dir, tokenizer.vocab_path, blocks_per_shard)
+  batch, num_articles = [], 0
   for item in articles:
     batch.append(item)
     num_articles += 1
     if len(batch) == articles_per_batch:
-      write(builder.blocks(batch))
+      writer.write(builder.blocks(batch))
       if count_articles:
         progress.update(len(batch))
       batch = []
-  write(builder.blocks(batch))
+  writer.write(builder.blocks(batch))
   if count_articles:
     progress.update(len(batch))
-  if writer is not None:
-    writer.close()
-
-  metadata = {
-      'num_blocks': len(lengths),
-      'num_articles': num_articles,
-      'max_block_length': max_block_length,
-      'max_title_length': max_title_length,
-      'vocab_hash': _vocab_hash(tokenizer.vocab_path),
-      'source_fingerprint': source_digest.hexdigest(),
-      'corpus_fingerprint': corpus_digest.hexdigest(),
-      'sources': [wiki_leads_json] if wiki_leads_json else list(jsonl_paths),
-      'shards': shards,
-      'length_histogram': _histogram(lengths, max_block_length),
-      'mean_length': float(np.mean(lengths)) if lengths else 0.0,
-      'skipped': builder.report.as_dict(),
-  }
-  (epath.Path(tmp_dir) / METADATA).write_text(json.dumps(metadata, indent=1))
-  replace_dir(tmp_dir, output_dir)
+  metadata = writer.finish(
+      num_articles=num_articles, max_block_length=max_block_length,
+      max_title_length=max_title_length,
+      source_fingerprint=source_digest.hexdigest(),
+      sources=[wiki_leads_json] if wiki_leads_json else list(jsonl_paths),
+      skipped=builder.report.as_dict())
   log.info('%s blocks from %s articles in %s (mean %.0f wordpieces)\n'
            'Block length histogram (wordpieces):\n%s\n%s',
            f'{metadata["num_blocks"]:,}', f'{num_articles:,}', output_dir,

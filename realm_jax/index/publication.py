@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -30,6 +31,67 @@ SEARCHERS = ('exact', 'scann')
 
 class IndexMismatchError(ValueError):
   """A published index that does not belong to this corpus or model."""
+
+
+EMBEDDINGS_FILE = 'embeddings.npy'
+# Rows written at a time: 32 MiB of 128-dim float32 embeddings.
+WRITE_ROWS = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """[num_blocks, dim] embeddings read a slice at a time: an array in
+  memory, or 13M released embeddings (6.8 GB) that must not be loaded whole."""
+  shape: tuple[int, int]
+  dtype: np.dtype
+  read: Callable[[int, int], np.ndarray]  # (start, stop) -> those rows
+
+  @classmethod
+  def of(cls, array: np.ndarray) -> 'Rows':
+    return cls(array.shape, array.dtype, lambda start, stop: array[start:stop])
+
+
+class EmbeddingsHandler(ocp.CheckpointHandler):
+  """An index's embeddings as one .npy file, written a slice at a time.
+
+  Orbax's standard handler copies an array twice on its way to disk, so a
+  6.8 GB index would need three times its size in memory; this one needs a
+  slice. Only the primary process writes (every process holds the same
+  embeddings).
+  """
+
+  def save(self, directory: epath.Path, args: 'EmbeddingsSave') -> None:
+    if jax.process_index() != 0:
+      return
+    rows = args.rows
+    with (directory / EMBEDDINGS_FILE).open('wb') as f:
+      np.lib.format.write_array_header_1_0(f, {
+          'descr': np.lib.format.dtype_to_descr(np.dtype(rows.dtype)),
+          'fortran_order': False, 'shape': tuple(rows.shape)})
+      for start in range(0, rows.shape[0], WRITE_ROWS):
+        stop = min(start + WRITE_ROWS, rows.shape[0])
+        f.write(np.ascontiguousarray(rows.read(start, stop),
+                                     rows.dtype).tobytes())
+
+  def restore(self, directory: epath.Path,
+              args: 'EmbeddingsRestore | None' = None) -> np.ndarray:
+    with (directory / EMBEDDINGS_FILE).open('rb') as f:
+      return np.load(f)
+
+  def metadata(self, directory: epath.Path) -> None:
+    return None
+
+
+@ocp.args.register_with_handler(EmbeddingsHandler, for_save=True)
+@dataclasses.dataclass
+class EmbeddingsSave(ocp.args.CheckpointArgs):
+  rows: Rows
+
+
+@ocp.args.register_with_handler(EmbeddingsHandler, for_restore=True)
+@dataclasses.dataclass
+class EmbeddingsRestore(ocp.args.CheckpointArgs):
+  pass
 
 
 class ScannHandler(ocp.CheckpointHandler):
@@ -74,7 +136,8 @@ def index_manager(directory: str, read_only: bool = False,
           multiprocessing_options=run_directory.every_process()))
 
 
-def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
+def index_metadata(corpus_metadata: dict, embeddings: np.ndarray | Rows,
+                   step: int,
                    searcher: str, block_length: int | None = None) -> dict:
   """`block_length`: wordpieces of each block that were embedded (None: all)."""
   return {
@@ -88,8 +151,9 @@ def index_metadata(corpus_metadata: dict, embeddings: np.ndarray, step: int,
   }
 
 
-def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
-            metadata: dict, scann: ScannSearcher | None = None) -> None:
+def publish(manager: ocp.CheckpointManager, step: int,
+            embeddings: np.ndarray | Rows, metadata: dict,
+            scann: ScannSearcher | None = None) -> None:
   """Saves one index as step `step`; visible to readers only once complete.
 
   Raises StepAlreadyExistsError on every process alike when the step is
@@ -98,8 +162,8 @@ def publish(manager: ocp.CheckpointManager, step: int, embeddings: np.ndarray,
   if distributed.agree(step in run_directory.reload(manager)):
     raise ocp.checkpoint_manager.StepAlreadyExistsError(
         f'Index step {step} is already published in {manager.directory}.')
-  items = {run_directory.EMBEDDINGS: ocp.args.StandardSave(
-      {'embeddings': embeddings}),
+  rows = embeddings if isinstance(embeddings, Rows) else Rows.of(embeddings)
+  items = {run_directory.EMBEDDINGS: EmbeddingsSave(rows),
            run_directory.METADATA: ocp.args.JsonSave(metadata)}
   if scann is not None:
     items[run_directory.SCANN] = ScannSave(scann)
@@ -142,9 +206,8 @@ def read_embeddings(manager: ocp.CheckpointManager,
   """[num_blocks, dim] embeddings of a published step; None if it was pruned
   meanwhile."""
   restored = run_directory.restore(manager, step, ocp.args.Composite(**{
-      run_directory.EMBEDDINGS: ocp.args.StandardRestore()}))
-  return (None if restored is None else
-          np.asarray(restored[run_directory.EMBEDDINGS]['embeddings']))
+      run_directory.EMBEDDINGS: EmbeddingsRestore()}))
+  return None if restored is None else restored[run_directory.EMBEDDINGS]
 
 
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,

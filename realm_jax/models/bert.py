@@ -16,6 +16,12 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 
+ACTIVATIONS = {
+    'gelu': functools.partial(nn.gelu, approximate=False),
+    'gelu_new': functools.partial(nn.gelu, approximate=True),
+}
+
+
 def _dtype(value) -> jnp.dtype:
   """Accepts 'bfloat16', jnp.bfloat16 or a numpy dtype (gin passes strings)."""
   return jnp.dtype(value)
@@ -41,7 +47,10 @@ class BertConfig:
     dtype: compute dtype (bfloat16 on accelerators).
     param_dtype: parameter dtype (float32 keeps the optimizer exact).
     remat: rematerialize each layer in the backward pass (saves memory).
-    add_pooler: add BERT's tanh pooler over [CLS] (unused by REALM's towers).
+    add_pooler: add BERT's tanh pooler over [CLS] (the released REALM towers
+      project its output; our own towers project the raw [CLS]).
+    hidden_act: 'gelu' (exact, erf) or 'gelu_new' (the tanh approximation of
+      Google's original BERT code, which the released REALM models use).
     attention_chunk: sequences attended at a time without dropout (see
       `attend`); None picks for the backend: 2 on CPU, 0 (all at once)
       elsewhere. `realm-jax aot` sets 0, as it compiles for accelerators.
@@ -61,11 +70,15 @@ class BertConfig:
   param_dtype: Any = 'float32'
   remat: bool = False
   add_pooler: bool = False
+  hidden_act: str = 'gelu'
   attention_chunk: int | None = None
 
   def __post_init__(self):
     object.__setattr__(self, 'dtype', _dtype(self.dtype))
     object.__setattr__(self, 'param_dtype', _dtype(self.param_dtype))
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f'BertConfig.hidden_act={self.hidden_act!r}; expected '
+                       f'one of {tuple(ACTIVATIONS)}.')
     if self.hidden_size % self.num_heads:
       raise ValueError(
           f'BertConfig.hidden_size={self.hidden_size} is not divisible by '
@@ -75,6 +88,10 @@ class BertConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
 
+  def activation(self, x):
+    """The feed-forward (and masked-LM transform) nonlinearity."""
+    return ACTIVATIONS[self.hidden_act](x)
+
 
 def _init(config: BertConfig, names: tuple[str, ...]):
   """BERT's truncated-normal initializer, annotated with logical axis names."""
@@ -82,10 +99,12 @@ def _init(config: BertConfig, names: tuple[str, ...]):
       nn.initializers.truncated_normal(config.initializer_range), names)
 
 
-def layer_norm(config: BertConfig, name: str, axis_name: str = 'embed'):
-  """LayerNorm over the last axis, whose logical name is `axis_name`."""
+def layer_norm(config: BertConfig, name: str, axis_name: str = 'embed',
+               epsilon: float | None = None):
+  """LayerNorm over the last axis, whose logical name is `axis_name`;
+  `epsilon` defaults to the config's."""
   return nn.LayerNorm(
-      epsilon=config.layer_norm_eps,
+      epsilon=config.layer_norm_eps if epsilon is None else epsilon,
       dtype=config.dtype,
       param_dtype=config.param_dtype,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones,
@@ -234,7 +253,7 @@ class TransformerLayer(nn.Module):
         x + dropout(attended, deterministic))
 
     h = dense(c, c.intermediate_size, ('embed', 'mlp'), 'intermediate')(x)
-    h = nn.with_logical_constraint(nn.gelu(h, approximate=False),
+    h = nn.with_logical_constraint(c.activation(h),
                                    ('batch', 'length', 'mlp'))
     h = dense(c, c.hidden_size, ('mlp', 'embed'), 'output')(h)
     x = layer_norm(c, 'output_layer_norm')(x + dropout(h, deterministic))

@@ -13,13 +13,13 @@ import logging
 import math
 import os
 import re
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import gin
 import numpy as np
 from etils import epath
 
-from realm_jax.models.bert import BertConfig
+from realm_jax.models.bert import ACTIVATIONS, BertConfig
 
 # Tensors that belong to heads or training state a BERT encoder does not use.
 _LAYER = re.compile(r'(?:encoder\.layer\.|bert/encoder/layer_)(\d+)[./]')
@@ -33,44 +33,74 @@ class WeightImportError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tensor:
+class Tensor:
   """One parameter: where it lives in Flax and what it is called in each format.
 
   `in_ndim` is the number of leading Flax kernel dims that are input dims; the
   source stores a kernel as a matrix ([in, out] in TF, [out, in] in PyTorch).
+  `half` (0 or 1) takes that half of the source's output units: ORQA keeps
+  the span scorer's start and end projections in one dense layer.
   """
   path: tuple[str, ...]
   shape: tuple[int, ...]
   hf_name: str
   tf_name: str
   in_ndim: int | None = None  # None: not a dense kernel.
+  half: int | None = None
 
   @property
   def source_shape(self) -> tuple[int, ...]:
+    """The shape TensorFlow stores (PyTorch's kernels are transposed)."""
     if self.in_ndim is None:
-      return self.shape if self.path[-1] == 'embedding' else (
+      shape = self.shape if self.path[-1] == 'embedding' else (
           math.prod(self.shape),)
-    return (math.prod(self.shape[:self.in_ndim]),
-            math.prod(self.shape[self.in_ndim:]))
+    else:
+      shape = (math.prod(self.shape[:self.in_ndim]),
+               math.prod(self.shape[self.in_ndim:]))
+    if self.half is not None:
+      shape = shape[:-1] + (2 * shape[-1],)
+    return shape
+
+  def name(self, transpose_kernels: bool) -> str:
+    return self.hf_name if transpose_kernels else self.tf_name
+
+  def expected_shape(self, transpose_kernels: bool) -> tuple[int, ...]:
+    """The shape a file of that format must hold."""
+    shape = self.source_shape
+    if self.in_ndim is not None and transpose_kernels:
+      shape = shape[::-1]
+    return shape
+
+  def from_source(self, value: np.ndarray, transpose_kernels: bool,
+                  dtype) -> np.ndarray:
+    """The file's array as this parameter: transposed, halved, reshaped."""
+    if self.in_ndim is not None and transpose_kernels:
+      value = value.T
+    if self.half is not None:
+      width = value.shape[-1] // 2
+      value = value[..., self.half * width:(self.half + 1) * width]
+    return np.asarray(value).reshape(self.shape).astype(dtype)
 
 
-def _dense(path, hf, tf, kernel_shape, in_ndim) -> list[_Tensor]:
+def dense_tensors(path, hf, tf, kernel_shape, in_ndim=1) -> list[Tensor]:
+  """A dense layer's kernel and bias."""
   return [
-      _Tensor(path + ('kernel',), kernel_shape, f'{hf}.weight', f'{tf}/kernel',
+      Tensor(path + ('kernel',), kernel_shape, f'{hf}.weight', f'{tf}/kernel',
               in_ndim),
-      _Tensor(path + ('bias',), kernel_shape[in_ndim:], f'{hf}.bias',
+      Tensor(path + ('bias',), kernel_shape[in_ndim:], f'{hf}.bias',
               f'{tf}/bias'),
   ]
 
 
-def _layer_norm(path, hf, tf, width) -> list[_Tensor]:
+def layer_norm_tensors(path, hf, tf, width) -> list[Tensor]:
+  """A LayerNorm's scale (TF's gamma) and bias (beta)."""
   return [
-      _Tensor(path + ('scale',), (width,), f'{hf}.weight', f'{tf}/gamma'),
-      _Tensor(path + ('bias',), (width,), f'{hf}.bias', f'{tf}/beta'),
+      Tensor(path + ('scale',), (width,), f'{hf}.weight', f'{tf}/gamma'),
+      Tensor(path + ('bias',), (width,), f'{hf}.bias', f'{tf}/beta'),
   ]
 
 
-def bert_tensors(config: BertConfig) -> list[_Tensor]:
+def bert_tensors(config: BertConfig) -> list[Tensor]:
   """Every parameter of `Bert(config)` with its HF and TF names."""
   c = config
   h, heads, kv = c.hidden_size, c.num_heads, c.head_dim
@@ -78,30 +108,30 @@ def bert_tensors(config: BertConfig) -> list[_Tensor]:
   for name, rows in (('word_embeddings', c.vocab_size),
                      ('position_embeddings', c.max_position_embeddings),
                      ('token_type_embeddings', c.type_vocab_size)):
-    tensors.append(_Tensor(('embeddings', name, 'embedding'), (rows, h),
+    tensors.append(Tensor(('embeddings', name, 'embedding'), (rows, h),
                            f'embeddings.{name}.weight',
                            f'bert/embeddings/{name}'))
-  tensors += _layer_norm(('embeddings', 'layer_norm'), 'embeddings.LayerNorm',
+  tensors += layer_norm_tensors(('embeddings', 'layer_norm'), 'embeddings.LayerNorm',
                          'bert/embeddings/LayerNorm', h)
   for i in range(c.num_layers):
     path, hf, tf = (f'layer_{i}',), f'encoder.layer.{i}', f'bert/encoder/layer_{i}'
     for proj in ('query', 'key', 'value'):
-      tensors += _dense(path + ('attention', proj),
+      tensors += dense_tensors(path + ('attention', proj),
                         f'{hf}.attention.self.{proj}',
                         f'{tf}/attention/self/{proj}', (h, heads, kv), 1)
-    tensors += _dense(path + ('attention', 'out'), f'{hf}.attention.output.dense',
+    tensors += dense_tensors(path + ('attention', 'out'), f'{hf}.attention.output.dense',
                       f'{tf}/attention/output/dense', (heads, kv, h), 2)
-    tensors += _layer_norm(path + ('attention_layer_norm',),
+    tensors += layer_norm_tensors(path + ('attention_layer_norm',),
                            f'{hf}.attention.output.LayerNorm',
                            f'{tf}/attention/output/LayerNorm', h)
-    tensors += _dense(path + ('intermediate',), f'{hf}.intermediate.dense',
+    tensors += dense_tensors(path + ('intermediate',), f'{hf}.intermediate.dense',
                       f'{tf}/intermediate/dense', (h, c.intermediate_size), 1)
-    tensors += _dense(path + ('output',), f'{hf}.output.dense',
+    tensors += dense_tensors(path + ('output',), f'{hf}.output.dense',
                       f'{tf}/output/dense', (c.intermediate_size, h), 1)
-    tensors += _layer_norm(path + ('output_layer_norm',),
+    tensors += layer_norm_tensors(path + ('output_layer_norm',),
                            f'{hf}.output.LayerNorm', f'{tf}/output/LayerNorm', h)
   if c.add_pooler:
-    tensors += _dense(('pooler',), 'pooler.dense', 'bert/pooler/dense', (h, h), 1)
+    tensors += dense_tensors(('pooler',), 'pooler.dense', 'bert/pooler/dense', (h, h), 1)
   return tensors
 
 
@@ -164,16 +194,56 @@ def _open_source(path: str) -> _Source:
       'TensorFlow checkpoint prefix (no .index file beside it).')
 
 
-def _source_name(source: _Source, tensor: _Tensor) -> str:
-  return tensor.hf_name if source.transpose_kernels else tensor.tf_name
-
-
 def _listing(title: str, items: list[str], limit: int = 20) -> Iterator[str]:
   if items:
     yield f'  {title} ({len(items)}):'
     yield from (f'    {item}' for item in items[:limit])
     if len(items) > limit:
       yield f'    ... and {len(items) - limit} more'
+
+
+def check_tensors(heading: str, shapes: dict[str, tuple[int, ...]],
+                  expected: dict[str, Tensor], transpose_kernels: bool,
+                  ignored: Callable[[str], bool],
+                  dtypes: dict[str, np.dtype] | None = None) -> None:
+  """Raises WeightImportError under `heading`, naming every missing,
+  unexpected (neither expected nor `ignored`), mis-shaped or non-float
+  tensor of a file whose tensors have `shapes` (and `dtypes`)."""
+  missing = [n for n in expected if n not in shapes]
+  unexpected = sorted(n for n in shapes
+                      if n not in expected and not ignored(n))
+  misshaped, mistyped = [], []
+  for name, tensor in expected.items():
+    if name not in shapes:
+      continue
+    want = tensor.expected_shape(transpose_kernels)
+    if tuple(shapes[name]) != want:
+      misshaped.append(f'{name}: shape {tuple(shapes[name])} in the file, '
+                       f'{want} expected for params/{"/".join(tensor.path)}')
+    dtype = (dtypes or {}).get(name)
+    if dtype is not None and not np.issubdtype(dtype, np.floating) and (
+        str(dtype) != 'bfloat16'):
+      mistyped.append(f'{name}: dtype {dtype} in the file, a float expected')
+  if missing or unexpected or misshaped or mistyped:
+    lines = [heading]
+    lines += _listing('missing', missing)
+    lines += _listing('unexpected', unexpected)
+    lines += _listing('mis-shaped', misshaped)
+    lines += _listing('wrong dtype', mistyped)
+    raise WeightImportError('\n'.join(lines))
+
+
+def assemble(tensors: Iterable[Tensor], get: Callable[[str], np.ndarray],
+             transpose_kernels: bool, dtype) -> dict:
+  """The nested parameter dict of `tensors`, each read through `get`."""
+  params: dict = {}
+  for tensor in tensors:
+    node = params
+    for key in tensor.path[:-1]:
+      node = node.setdefault(key, {})
+    node[tensor.path[-1]] = tensor.from_source(
+        get(tensor.name(transpose_kernels)), transpose_kernels, dtype)
+  return params
 
 
 def _upper_layer(name: str, num_layers: int) -> bool:
@@ -204,44 +274,19 @@ def load_bert_params(path, config: BertConfig,
       mis-shaped tensor.
   """
   source = _open_source(path)
-  tensors = bert_tensors(config)
-  expected = {_source_name(source, t): t for t in tensors}
-  missing = [n for n in expected if n not in source.shapes]
-  unexpected = sorted(
-      n for n in source.shapes
-      if n not in expected and not source.ignored.match(n)
-      and not (keep_first_layers and _upper_layer(n, config.num_layers))
-      and not (n.startswith(('pooler', 'bert/pooler')) and not config.add_pooler))
-  misshaped = []
-  for name, tensor in expected.items():
-    if name not in source.shapes:
-      continue
-    want = tensor.source_shape
-    if tensor.in_ndim is not None and source.transpose_kernels:
-      want = want[::-1]
-    if source.shapes[name] != want:
-      misshaped.append(f'{name}: shape {source.shapes[name]} in the file, '
-                       f'{want} expected for params/{"/".join(tensor.path)}')
-  if missing or unexpected or misshaped:
-    lines = [f'Cannot load BERT weights from {source.path} into {config}:']
-    lines += _listing('missing', missing)
-    lines += _listing('unexpected', unexpected)
-    lines += _listing('mis-shaped', misshaped)
-    raise WeightImportError('\n'.join(lines))
-
-  params: dict = {}
-  for name, tensor in expected.items():
-    value = np.asarray(source.get(name))
-    if tensor.in_ndim is not None and source.transpose_kernels:
-      value = value.T
-    node = params
-    for key in tensor.path[:-1]:
-      node = node.setdefault(key, {})
-    node[tensor.path[-1]] = value.reshape(tensor.shape).astype(
-        config.param_dtype)
-  skipped = len(source.shapes) - len(expected) - len(unexpected)
+  transpose = source.transpose_kernels
+  expected = {t.name(transpose): t for t in bert_tensors(config)}
+  ignored = lambda n: bool(
+      source.ignored.match(n)
+      or (keep_first_layers and _upper_layer(n, config.num_layers))
+      or (n.startswith(('pooler', 'bert/pooler')) and not config.add_pooler))
+  check_tensors(f'Cannot load BERT weights from {source.path} into {config}:',
+                source.shapes, expected, transpose, ignored)
+  params = assemble(expected.values(), source.get, transpose,
+                    config.param_dtype)
   logging.info('Loaded %d BERT tensors from %s (%d head/optimizer tensors '
-               'skipped).', len(expected), source.path, skipped)
+               'skipped).', len(expected), source.path,
+               len(source.shapes) - len(expected))
   return params
 
 
@@ -257,17 +302,19 @@ _HF_FIELDS = {
     'hidden_dropout_prob': 'dropout_rate',
     'attention_probs_dropout_prob': 'attention_dropout_rate',
     'initializer_range': 'initializer_range',
+    'hidden_act': 'hidden_act',
 }
 
 
 def config_from_hf(config_json, **overrides) -> BertConfig:
   """BertConfig from a Hugging Face `config.json` (architecture fields only)."""
   hf = json.loads(epath.Path(config_json).read_text())
-  if hf.get('model_type', 'bert') != 'bert' or hf.get('hidden_act',
-                                                      'gelu') != 'gelu':
+  if hf.get('model_type', 'bert') != 'bert' or hf.get(
+      'hidden_act', 'gelu') not in ACTIVATIONS:
     raise WeightImportError(
         f'{config_json}: model_type={hf.get("model_type")!r}, hidden_act='
-        f'{hf.get("hidden_act")!r}; only BERT with exact GELU is supported.')
+        f'{hf.get("hidden_act")!r}; only BERT with one of the activations '
+        f'{tuple(ACTIVATIONS)} is supported.')
   fields = {ours: hf[theirs] for theirs, ours in _HF_FIELDS.items()
             if theirs in hf}
   return BertConfig(**{**fields, **overrides})

@@ -17,7 +17,8 @@ def gather_positions(hidden, positions):
 
 
 class MaskedLMHead(nn.Module):
-  """BERT's MLM head: dense + gelu + LayerNorm, decoder tied to the embeddings."""
+  """BERT's MLM head: dense + activation + LayerNorm, decoder tied to the
+  embeddings."""
   config: BertConfig
 
   @nn.compact
@@ -25,7 +26,7 @@ class MaskedLMHead(nn.Module):
     c = self.config
     h = dense(c, c.hidden_size, ('embed', 'mlp'), 'transform')(hidden)
     h = layer_norm(c, 'transform_layer_norm', 'mlp')(
-        nn.gelu(h, approximate=False))
+        c.activation(h))
     bias = self.param('output_bias', nn.with_logical_partitioning(
         nn.initializers.zeros, ('vocab',)), (c.vocab_size,), c.param_dtype)
     logits = bert.attend(h).astype(jnp.float32) + bias
@@ -41,6 +42,7 @@ class SpanReaderHead(nn.Module):
   config: BertConfig
   projection_size: int = 256
   max_span_width: int = 10
+  layer_norm_eps: float | None = None
 
   @nn.compact
   def __call__(self, hidden):
@@ -53,7 +55,8 @@ class SpanReaderHead(nn.Module):
         jnp.arange(length)[:, None] + jnp.arange(self.max_span_width)[None],
         length - 1)
     spans = start[:, :, None, :] + end[:, end_index, :]
-    spans = layer_norm(c, 'layer_norm', 'mlp')(nn.relu(spans))
+    spans = layer_norm(c, 'layer_norm', 'mlp', self.layer_norm_eps)(
+        nn.relu(spans))
     return dense(c, 1, ('mlp', 'score'), 'score')(spans)[..., 0].astype(
         jnp.float32)
 
@@ -74,12 +77,14 @@ class KnowledgeAugmentedEncoder(nn.Module):
   config: BertConfig
   span_projection_size: int = 256
   max_span_width: int = 10
+  span_layer_norm_eps: float | None = None
 
   def setup(self):
     self.bert = Bert(self.config)
     self.mlm_head = MaskedLMHead(self.config)
     self.span_head = SpanReaderHead(self.config, self.span_projection_size,
-                                    self.max_span_width)
+                                    self.max_span_width,
+                                    self.span_layer_norm_eps)
 
   def _encode(self, inputs, deterministic):
     flat = lambda x: x.reshape(-1, x.shape[-1])

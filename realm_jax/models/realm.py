@@ -24,12 +24,15 @@ class Realm(nn.Module):
     reader_config: BERT of the knowledge-augmented encoder.
     projection_size: retrieval embedding size (128 in the paper).
     share_towers: one BERT for query and document towers (released code).
-    retriever_pooling: 'cls' (the paper) or 'mean' (sentence-transformer
-      weights, e.g. MiniLM).
+    retriever_pooling: 'cls' (the paper), 'pooler' (the released models:
+      BERT's pooler output) or 'mean' (sentence-transformer weights, e.g.
+      MiniLM).
     reader_length: wordpieces of `[CLS] x [SEP] z [SEP]` (384; 320 for QA).
     include_title: the reader also reads z's title.
     span_projection_size: ORQA's start/end projection size (256).
     max_span_width: longest answer span in tokens (10).
+    span_layer_norm_eps: epsilon of the span scorer's LayerNorm; None takes
+      BERT's (1e-12); the released ORQA reader uses 1e-3.
     retrieval_temperature: tau in p(z|x) = softmax_z f(x, z) / tau. 1 is the
       paper's raw inner product; sqrt(projection_size) is EMDR2's score
       scaling. The ranking, hence the index and its search, is the same for
@@ -44,6 +47,7 @@ class Realm(nn.Module):
   include_title: bool = False
   span_projection_size: int = 256
   max_span_width: int = 10
+  span_layer_norm_eps: float | None = None
   retrieval_temperature: float = 1.0
 
   def setup(self):
@@ -53,7 +57,8 @@ class Realm(nn.Module):
     self.retriever = Retriever(self.retriever_config, self.projection_size,
                                self.share_towers, self.retriever_pooling)
     self.reader = KnowledgeAugmentedEncoder(
-        self.reader_config, self.span_projection_size, self.max_span_width)
+        self.reader_config, self.span_projection_size, self.max_span_width,
+        self.span_layer_norm_eps)
 
   def relevance(self, query, candidates, deterministic=True):
     """f(x, z) / tau [batch, k], the candidates embedded afresh."""

@@ -1,11 +1,14 @@
 """The neural knowledge retriever p(z|x) of REALM (Guu et al. 2020, eq. 1).
 
-Embed(tokens) = LayerNorm(Dense_128(BERT_CLS(tokens))) (or the mean of BERT's
-token states, for weights trained that way); the relevance of a
+Embed(tokens) = LayerNorm(Dense_128(BERT_CLS(tokens))) (or of BERT's pooler
+output, as in the released models, or of the mean of BERT's token states,
+for weights trained that way); the relevance of a
 document z to a query x is the inner product f(x, z) = Embed_input(x) .
 Embed_doc(z). The query tower reads `[CLS] x [SEP]`, the document tower
 `[CLS] title [SEP] body [SEP]`.
 """
+
+import dataclasses
 
 import jax.numpy as jnp
 from flax import linen as nn
@@ -13,13 +16,15 @@ from flax import linen as nn
 from realm_jax.models.bert import (Bert, BertConfig, dense, layer_norm,
                                    mean_pool)
 
-POOLINGS = ('cls', 'mean')
+POOLINGS = ('cls', 'pooler', 'mean')
 
 
 class Embedder(nn.Module):
   """One tower: BERT's pooled state, projected to `projection_size` and normed.
 
-  pooling 'cls' is the paper's ([CLS], as BERT is pre-trained); 'mean' suits
+  pooling 'cls' is the paper's ([CLS], as BERT is pre-trained); 'pooler' is
+  the released models' (BERT's tanh(W [CLS] + b), its `pooler` parameters
+  part of the tower); 'mean' suits
   sentence-transformer weights such as all-MiniLM-L6-v2, whose [CLS] state
   is nearly the same for every input (the index would collapse).
   """
@@ -32,7 +37,8 @@ class Embedder(nn.Module):
       raise ValueError(f'pooling={self.pooling!r}; expected one of '
                        f'{POOLINGS}.')
     c = self.config
-    self.bert = Bert(c)
+    self.bert = Bert(dataclasses.replace(
+        c, add_pooler=c.add_pooler or self.pooling == 'pooler'))
     self.projection = dense(c, self.projection_size, ('embed', 'projection'),
                             'projection')
     self.layer_norm = layer_norm(c, 'layer_norm', 'projection')
@@ -44,8 +50,12 @@ class Embedder(nn.Module):
     flat = lambda x: x.reshape(-1, x.shape[-1])
     out = self.bert(flat(token_ids), flat(input_mask), flat(token_type_ids),
                     deterministic)
-    pooled = (out.sequence_output[:, 0] if self.pooling == 'cls' else
-              mean_pool(out.sequence_output, flat(input_mask)))
+    if self.pooling == 'pooler':
+      pooled = out.pooled_output
+    elif self.pooling == 'cls':
+      pooled = out.sequence_output[:, 0]
+    else:
+      pooled = mean_pool(out.sequence_output, flat(input_mask))
     embedding = self.layer_norm(self.projection(pooled))
     return embedding.astype(jnp.float32).reshape(*lead, -1)
 

@@ -1,0 +1,1 @@
+"""Imports Google's released REALM checkpoints without TensorFlow or torch."""
