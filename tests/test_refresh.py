@@ -9,7 +9,6 @@ import threading
 import time
 
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from realm_jax.data import corpus
@@ -86,8 +85,7 @@ def test_trainer_sees_refreshes_from_the_builder_process(dirs):
   expected = DocumentEmbedder(tiny_retriever(), 16)(
       trainer.saved[index_step], arrays)
   manager = publication.index_manager(run_directory.index_dir(model_dir), True)
-  published = manager.restore(index_step, args=ocp.args.Composite(
-      embeddings=ocp.args.StandardRestore()))['embeddings']['embeddings']
+  published = publication.read_embeddings(manager, index_step)
   np.testing.assert_allclose(published, expected, rtol=1e-4, atol=1e-4)
   _, ids = trainer.client.search(expected[:3], 4, exclude_ids=[0, 1, 2])
   assert not np.any(ids == np.arange(3)[:, None])
