@@ -236,7 +236,8 @@ def _ask(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
   result = QAPredictor(args.model_dir).ask(args.question)
   print(f'Q: {result["question"]}')
-  print(f'A: {result["answer"]}   p(y|x) = {result["p_answer"]:.3f}   '
+  label = 'p(z,s|x)' if result['answer_rule'] == 'best_span' else 'p(y|x)'
+  print(f'A: {result["answer"]}   {label} = {result["p_answer"]:.3f}   '
         f'(step {result["step"]}, index step {result["index_step"]})')
   if result['alternatives']:
     print('   else: ' + '  '.join(f'{t} {p:.3f}'

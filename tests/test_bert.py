@@ -1,6 +1,7 @@
 """The Flax BERT: shapes, masking, logical axes, dtypes, remat, dropout."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -173,3 +174,26 @@ def test_mean_pool_averages_real_tokens_only():
   mask = jnp.array([[1, 1, 0], [1, 0, 0]])
   np.testing.assert_allclose(mean_pool(hidden, mask),
                              [[1.0, 2.0], [6.0, 7.0]])
+
+
+def test_hidden_act_picks_exact_or_tanh_gelu(tiny_config):
+  """'gelu' is erf's GELU (Hugging Face's BERT), 'gelu_new' the tanh
+  approximation of Google's BERT code, which the released REALM uses."""
+  x = np.linspace(-4, 4, 41, dtype=np.float32)
+  erf = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x])
+  tanh = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) *
+                                (x + 0.044715 * x ** 3)))
+  exact = BertConfig(hidden_act='gelu').activation(jnp.asarray(x))
+  approximate = BertConfig(hidden_act='gelu_new').activation(jnp.asarray(x))
+  np.testing.assert_allclose(exact, erf, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(approximate, tanh, rtol=1e-5, atol=1e-6)
+  assert np.max(np.abs(erf - tanh)) > 1e-4  # The two differ.
+  # The choice reaches the feed-forward layers (near 0, where the small
+  # initial weights keep them, the two agree to ~1e-7).
+  inputs = _inputs(tiny_config)
+  params = _init(tiny_config, inputs)
+  outputs = [Bert(dataclasses.replace(tiny_config, hidden_act=act)).apply(
+      params, *inputs).sequence_output for act in ('gelu', 'gelu_new')]
+  assert not np.array_equal(outputs[0], outputs[1])
+  with pytest.raises(ValueError, match="hidden_act='relu'"):
+    BertConfig(hidden_act='relu')

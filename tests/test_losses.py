@@ -240,6 +240,43 @@ def test_qa_loss_equals_the_hand_computed_value():
                              -np.log(1 / (1 + np.exp(-1.5))), rtol=1e-6)
 
 
+def test_qa_loss_with_orqas_beam_marginalizes_the_retriever_over_it():
+  scores, candidate_mask, span_logits, span_mask, gold = _qa_example()
+  gold[0, 1] = False  # Of the 2 read, candidate 0 holds an answer.
+  # A beam of 4: the 2 read first, then 2 scored but not read; the 4th
+  # holds an answer too, the 3rd is padding.
+  f = np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)
+  mask = np.array([[True, True, False, True]])
+  held = np.array([[True, False, True, True]])
+  loss_of = lambda f: losses.qa_loss(f[:, :2], candidate_mask, span_logits,
+                                     span_mask, gold, (f, mask, held))
+  loss, metrics = loss_of(f)
+  _, read_only = losses.qa_loss(scores, candidate_mask, span_logits,
+                                span_mask, gold)
+  p = np.exp([0.5, -1.0, 0.25]) / np.sum(np.exp([0.5, -1.0, 0.25]))
+  np.testing.assert_allclose(metrics['retriever_loss'], -np.log(p[0] + p[2]),
+                             rtol=1e-6)
+  np.testing.assert_allclose(metrics['reader_loss'], read_only['reader_loss'],
+                             rtol=1e-6)
+  assert metrics['beam_answer_recall'] == 1 and 'beam_answer_recall' not in (
+      read_only)
+  # d/df: p(z|x) - p(z|x, an answer in z), 0 on padding (the reader's
+  # share reaches the 2 read only).
+  reader_grad = jax.grad(lambda s: losses.qa_loss(
+      s, candidate_mask, span_logits, span_mask, gold)[1]['reader_loss'])(
+          scores)
+  posterior = np.array([p[0], 0, p[2]]) / (p[0] + p[2])
+  expected = np.zeros(4)
+  expected[[0, 1, 3]] = p - posterior
+  expected[:2] += np.asarray(reader_grad)[0]
+  np.testing.assert_allclose(jax.grad(lambda f: loss_of(f)[0])(f)[0],
+                             expected, rtol=1e-5, atol=1e-6)
+  # No block of the beam holds an answer: no retriever term.
+  _, metrics = losses.qa_loss(scores, candidate_mask, span_logits, span_mask,
+                              gold, (f, mask, np.zeros_like(held)))
+  assert metrics['retriever_loss'] == 0 and metrics['beam_answer_recall'] == 0
+
+
 def test_qa_loss_is_zero_and_finite_without_an_answer():
   scores, candidate_mask, span_logits, span_mask, gold = _qa_example()
   no_gold = np.zeros_like(gold)

@@ -98,15 +98,21 @@ def test_span_text_keeps_the_casing_accents_and_spacing(zebra, tokenizer):
                          ids[first:last + 1]) == phrase
 
 
+def _two_animals(zebra, tokenizer):
+  """The corpus' texts, the block ids of 'Animal 0' and 'Animal 1', and
+  their bodies' wordpieces [2, L] as the reader would hold them."""
+  texts = BlockTexts(str(zebra / 'corpora' / 'wiki_leads'), tokenizer)
+  ids = [next(i for i, t in texts.titles.items() if t == f'Animal {n}')
+         for n in (0, 1)]
+  pieces = [tokenizer.tokenize([texts.bodies[b]]).to_list()[0] + [0] * 8
+            for b in ids]
+  width = max(map(len, pieces))
+  return texts, ids, np.array([p + [0] * (width - len(p)) for p in pieces])
+
+
 @pytest.mark.integration
 def test_answer_probability_adds_the_blocks_that_spell_it(zebra, tokenizer):
-  texts = BlockTexts(str(zebra / 'corpora' / 'wiki_leads'), tokenizer)
-  a0, a1 = (next(i for i, t in texts.titles.items() if t == f'Animal {n}')
-            for n in (0, 1))
-  pieces = [tokenizer.tokenize([texts.bodies[b]]).to_list()[0] + [0] * 8
-            for b in (a0, a1)]
-  width = max(map(len, pieces))
-  pieces = np.array([p + [0] * (width - len(p)) for p in pieces])
+  texts, (a0, a1), pieces = _two_animals(zebra, tokenizer)
   # Candidate a0: 'Zebra' 0.5, 'number' 0.2; a1: 'Zebra' 0.4, '1' 0.1.
   answers = answers_of(
       texts, [a0, a1], np.log([0.75, 0.25]), np.log([[0.5, 0.2], [0.4, 0.1]]),
@@ -116,6 +122,23 @@ def test_answer_probability_adds_the_blocks_that_spell_it(zebra, tokenizer):
   np.testing.assert_allclose(answers[0].probability, 0.75 * 0.5 + 0.25 * 0.4)
   assert answers[0].per_block == pytest.approx({a0: 0.5, a1: 0.4})
   np.testing.assert_allclose(answers[1].probability, 0.75 * 0.2)
+
+
+@pytest.mark.integration
+def test_orqas_rule_takes_the_single_best_span(zebra, tokenizer):
+  texts, (a0, a1), pieces = _two_animals(zebra, tokenizer)
+  # a0: 'number' 0.45, 'Zebra' 0.3; a1: 'Zebra' 0.3, '1' 0.1. Summed,
+  # 'Zebra' (0.3) beats 'number' (0.225); its best span does not.
+  args = (texts, [a0, a1], np.log([0.5, 0.5]),
+          np.log([[0.45, 0.3], [0.3, 0.1]]), np.array([[2, 0], [0, 3]]),
+          np.zeros((2, 2), int), pieces, lambda z, position: ('body', position))
+  marginal = answers_of(*args)
+  best_span = answers_of(*args, rule='best_span')
+  assert [a.text for a in marginal] == ['Zebra', 'number', '1']
+  assert [a.text for a in best_span] == ['number', 'Zebra', '1']
+  np.testing.assert_allclose([a.probability for a in best_span],
+                             [0.225, 0.15, 0.05])
+  assert best_span[1].per_block == pytest.approx({a0: 0.3, a1: 0.3})
 
 
 @pytest.mark.integration

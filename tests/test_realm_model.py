@@ -15,6 +15,7 @@ from realm_jax.models import reader as reader_lib
 from realm_jax.models.bert import Bert
 from realm_jax.models.realm import Realm
 from realm_jax.models.retriever import Retriever, init_retriever_params
+from realm_jax.training import batches
 
 pytestmark = pytest.mark.unit
 
@@ -106,6 +107,22 @@ def test_gold_spans_are_every_occurrence_of_every_answer():
   np.testing.assert_array_equal(got, expected)
 
 
+def test_the_beams_answer_rule_is_the_gold_span_rule_on_the_host():
+  """`batches.blocks_holding_answers` (ORQA's beam, host) says a block holds
+  an answer exactly where `gold_span_mask` (the read blocks, device) finds
+  a gold span, on random wordpieces over a 5-token vocabulary."""
+  rng = np.random.default_rng(3)
+  token_ids = rng.integers(1, 6, (4, 16, 12))
+  searchable = rng.random((4, 16, 12)) < 0.8
+  answers = rng.integers(1, 6, (4, 3, 3)) * (
+      np.arange(3) < rng.integers(0, 4, (4, 3, 1)))  # 0 to 3 wordpieces.
+  held = batches.blocks_holding_answers(token_ids, searchable, answers)
+  gold = np.asarray(reader_lib.gold_span_mask(
+      token_ids, searchable, answers, answers > 0, max_span_width=3))
+  np.testing.assert_array_equal(held, gold.any(axis=(2, 3)))
+  assert 0 < held.mean() < 1
+
+
 def test_realm_outputs(tiny_config):
   rng = np.random.default_rng(2)
   query = _tokens(rng, (2, 6))
@@ -132,6 +149,15 @@ def test_realm_outputs(tiny_config):
                              rtol=1e-5)
 
 
+def _projected_and_normed(pooled, params, eps):
+  """A tower's head in numpy: LayerNorm(Dense(pooled))."""
+  projected = pooled @ params['projection']['kernel'] + params['projection'][
+      'bias']
+  normed = (projected - projected.mean(-1, keepdims=True)) / np.sqrt(
+      projected.var(-1, keepdims=True) + eps)
+  return normed * params['layer_norm']['scale'] + params['layer_norm']['bias']
+
+
 def test_mean_pooling_projects_the_mean_of_the_real_tokens(tiny_config):
   rng = np.random.default_rng(1)
   docs = _tokens(rng, (1, 2, 8))
@@ -144,18 +170,37 @@ def test_mean_pooling_projects_the_mean_of_the_real_tokens(tiny_config):
                                    flat['token_type_ids']).sequence_output
   mask = np.asarray(flat['input_mask'], np.float32)[..., None]
   mean = np.sum(np.asarray(states) * mask, 1) / mask.sum(1)
-  projected = mean @ params['projection']['kernel'] + params['projection'][
-      'bias']
-  expected = (projected - projected.mean(-1, keepdims=True)) / np.sqrt(
-      projected.var(-1, keepdims=True) + tiny_config.layer_norm_eps)
-  expected = expected * params['layer_norm']['scale'] + params['layer_norm'][
-      'bias']
-  got = retriever.apply({'params': {'embedder': params}}, *docs.values(),
-                        method='embed_documents')
-  np.testing.assert_allclose(got[0], expected, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+      retriever.apply({'params': {'embedder': params}}, *docs.values(),
+                      method='embed_documents')[0],
+      _projected_and_normed(mean, params, tiny_config.layer_norm_eps),
+      rtol=1e-4, atol=1e-4)
   with pytest.raises(ValueError, match="pooling='max'"):
     Retriever(tiny_config, pooling='max').init(
         jax.random.key(0), _tokens(rng, (1, 4)), docs)
+
+
+def test_pooler_pooling_projects_berts_tanh_pooler_of_cls(tiny_config):
+  """The released towers: LayerNorm(Dense(tanh(W h_[CLS] + b)))."""
+  rng = np.random.default_rng(2)
+  docs = _tokens(rng, (1, 2, 8))
+  retriever = Retriever(tiny_config, projection_size=16, pooling='pooler')
+  params = nn.meta.unbox(retriever.init(jax.random.key(0), _tokens(rng, (1, 4)),
+                                        docs))['params']['embedder']
+  assert set(params['bert']['pooler']) == {'kernel', 'bias'}
+  flat = {k: v[0] for k, v in docs.items()}
+  states = Bert(tiny_config).apply(
+      {'params': {k: v for k, v in params['bert'].items() if k != 'pooler'}},
+      flat['token_ids'], flat['input_mask'],
+      flat['token_type_ids']).sequence_output
+  pooler = params['bert']['pooler']
+  pooled = np.tanh(np.asarray(states)[:, 0] @ pooler['kernel'] +
+                   pooler['bias'])
+  np.testing.assert_allclose(
+      retriever.apply({'params': {'embedder': params}}, *docs.values(),
+                      method='embed_documents')[0],
+      _projected_and_normed(pooled, params, tiny_config.layer_norm_eps),
+      rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize('pooling,spread', [('cls', False), ('mean', True)])

@@ -11,6 +11,8 @@ TF-Hub modules) must import to the same parameters.
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -18,7 +20,9 @@ import pytest
 import tensorflow as tf
 
 from realm_jax import run_directory
-from realm_jax.data import corpus
+from realm_jax.data import corpus, open_qa
+from realm_jax.data.answer_matching import normalize_answer
+from realm_jax.evaluation import qa_evaluation
 from realm_jax.index import publication
 from realm_jax.models import pretrained
 from realm_jax.models.reader import KnowledgeAugmentedEncoder
@@ -124,6 +128,55 @@ def test_import_reproduces_hugging_faces_realm_for_open_qa(released_env):
         inputs['token_ids'][0, z, start:start + w + 1],
         EXPECTED[f'q{q}_predicted_answer_ids'])
     assert question['predicted_answer']
+
+
+# `eval` then `ask`, in a process of their own: the seqio tasks take their
+# vocabulary ($REALM_VOCAB) when they are registered, at import.
+EVAL_AND_ASK = """
+import sys
+import gin
+from realm_jax import main
+model_dir, output_dir, question = sys.argv[1:]
+main.main(['eval', '--model_dir=' + model_dir, '--task=nq_open',
+           '--output_dir=' + output_dir])
+gin.clear_config()
+main.main(['ask', question, '--model_dir=' + model_dir])
+"""
+
+
+def test_eval_and_ask_on_the_import_answer_as_hugging_face_does(
+    released_env, monkeypatch):
+  """The whole path a user takes: `eval` and `ask` on the imported run, with
+  our tokenizer, retrieval and reader inputs, pick Hugging Face's answer
+  (ORQA's rule, which the import binds)."""
+  data = released_env / 'data' / 'nq_open'
+  data.mkdir(parents=True)
+  (data / 'NQ-open.dev.jsonl').write_text(''.join(
+      json.dumps({'question': q['question'], 'answer': [q['answer']]}) + '\n'
+      for q in QUESTIONS))
+  monkeypatch.setenv(open_qa.DATA_DIR_ENV, str(released_env / 'data'))
+  model_dir = _import(released_env)['model_dir']
+  output_dir = released_env / 'eval'
+  done = subprocess.run(
+      [sys.executable, '-c', EVAL_AND_ASK, model_dir, str(output_dir),
+       QUESTIONS[0]['question']], capture_output=True, text=True, check=False,
+      timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  rows = qa_evaluation.read_predictions(str(output_dir), 'nq_open')
+  vocabulary = common.vocabulary()
+  for q, (row, question) in enumerate(zip(rows, QUESTIONS)):
+    assert row['question'] == question['question']
+    assert [r['block_id'] for r in row['retrieved'][:3]] == EXPECTED[
+        f'q{q}_retrieved_block_ids'].tolist()
+    hf_answer = vocabulary.decode(EXPECTED[f'q{q}_predicted_answer_ids'])
+    assert normalize_answer(row['prediction']) == normalize_answer(
+        hf_answer), q
+  assert f'A: {rows[0]["prediction"]}   p(z,s|x) = ' in done.stdout
+  # The blocks it read, best first (the released blocks have no titles).
+  bodies = json.loads((FIXTURE / 'expected.json').read_text())['bodies']
+  shown = [bodies[i][:20] for i in EXPECTED['q0_retrieved_block_ids']]
+  assert [done.stdout.index(b) for b in shown] == sorted(
+      done.stdout.index(b) for b in shown)
 
 
 def _tf_names(state: dict, layout: layouts.Layout, model) -> dict:

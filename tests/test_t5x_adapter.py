@@ -96,6 +96,14 @@ def test_best_answer_adds_the_spans_that_spell_it():
   np.testing.assert_allclose(np.exp(log_p), [0.4, 0.15 + 0.5, 0.0],
                              rtol=1e-6)
 
+  # ORQA's rule: the single best span, [7, 8] (0.35) in the second question.
+  with np.errstate(divide='ignore'):
+    answers, log_p = best_answers(log_p_z, np.log(span_p), starts, widths,
+                                  reader, 3, sep, rule='best_span')
+  np.testing.assert_array_equal(answers, [[9, 0, 0], [7, 8, 0], [0, 0, 0]])
+  np.testing.assert_allclose(np.exp(log_p), [0.4 * 0.7, 0.35, 0.0],
+                             rtol=1e-6)
+
 
 def _write_zebra(root, tokenizer):
   """test_qa_evaluation's zebra corpus and QA data, under `root`."""

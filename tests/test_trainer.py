@@ -274,9 +274,12 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
   train_tiny(finetune, 'finetune', '--gin.train.num_steps=2',
              f'--gin.Finetune.pretrain_model_dir="{pretrain}"',
              '--gin.Finetune.num_candidates=3',
+             '--gin.Finetune.retriever_beam_size=12',
              '--gin.Finetune.query_length=32')
-  assert {'reader_loss', 'retriever_loss', 'answer_recall'} <= set(
-      _metrics(finetune)[2])
+  row = _metrics(finetune)[2]
+  assert {'reader_loss', 'retriever_loss', 'answer_recall'} <= set(row)
+  # ORQA's beam of 12 holds the 3 read.
+  assert row['beam_answer_recall'] >= row['answer_recall']
   _, before = _restore_step(finetune, 0)
   _, after = _restore_step(finetune, 2)
   frozen = lambda p: jax.tree.leaves(p['reader']['mlm_head'])
@@ -375,3 +378,29 @@ def test_every_run_and_setup_parse_in_either_order_and_the_last_wins(
     if setup == 'cpu_demo':  # The only setup that sets the run's length.
       last_is_setup = files[-1].startswith('gin/setups')
       assert (gin.query_parameter('train.num_steps') == 100) == last_is_setup
+
+
+@pytest.mark.parametrize('name,benchmark,steps', [
+    ('finetune_released', 'nq_open', 300_000),
+    ('finetune_released_wq', 'web_questions', 205_020)])
+def test_released_finetuning_is_orqas_recipe_from_the_pretrained_run(
+    name, benchmark, steps):
+  from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
+  gin.add_config_file_search_path(REPO)
+  files = [f'gin/runs/{name}.gin']
+  with pytest.raises(ValueError, match='Finetune.pretrain_model_dir'):
+    run_loader.configure(files)
+  run_loader.configure(files, ["Finetune.pretrain_model_dir = '/released'"])
+  configured = run_loader.configured_run()
+  assert (configured.batch_size, configured.num_steps) == (1, steps)
+  run = configured.run
+  assert (run.task, run.answer_rule, run.pretrain_model_dir) == (
+      benchmark, 'best_span', '/released')
+  assert (run.objective.num_candidates,
+          run.objective.retriever_beam_size) == (5, 5000)
+  model = run.objective.model
+  assert (model.retriever_pooling, model.reader_length,
+          model.retriever_config.hidden_act, model.projection_size) == (
+              'pooler', 320, 'gelu_new', 128)
+  assert (gin.query_parameter('bert_adamw.learning_rate'),
+          gin.query_parameter('bert_adamw.warmup_steps')) == (1e-5, 10_000)

@@ -1,11 +1,17 @@
 """Answer strings from the span reader, in the words of the block they came from.
 
-REALM's Open-QA model (section 3.2) scores a string y by
-p(y|x) = sum_z p(z|x) p(y|z,x), where p(y|z,x) sums the reader's span
-probabilities p(s|z,x) over the spans s of z that spell y. The reader sees
-wordpieces; the answer shown to a person (and scored by exact match) is the
-stretch of the block's own text those wordpieces cover, with its casing,
-accents and spacing.
+Two rules pick the answer (`reader.ANSWER_RULES`):
+- 'marginal', REALM's Open-QA model as section 3.2 writes it: a string y
+  scores p(y|x) = sum_z p(z|x) p(y|z,x), where p(y|z,x) sums the reader's
+  span probabilities p(s|z,x) over the spans s of z that spell y;
+- 'best_span', what ORQA's code (with which REALM fine-tuned and scored
+  its released models) predicts: the single span s of block z with the
+  highest f(x, z) + S(z, s), the mode of the joint p(z, s|x) that the
+  fine-tuning loss trains; a string scores its best span's p(z, s|x).
+
+The reader sees wordpieces; the answer shown to a person (and scored by
+exact match) is the stretch of the block's own text those wordpieces cover,
+with its casing, accents and spacing.
 """
 
 import dataclasses
@@ -15,6 +21,7 @@ import numpy as np
 from realm_jax.data import corpus
 from realm_jax.data.answer_matching import normalize_answer
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
+from realm_jax.models.reader import BEST_SPAN, MARGINAL
 
 
 class BlockTexts:
@@ -67,7 +74,8 @@ class BlockTexts:
 class Answer:
   """One answer string and where its probability comes from."""
   text: str
-  probability: float  # p(y|x)
+  # p(y|x) ('marginal'), or p(z, s|x) of its best span ('best_span').
+  probability: float
   # block id -> p(y|z,x), for every candidate z with a span spelling y.
   per_block: dict[int, float]
 
@@ -99,18 +107,22 @@ def block_segments(block_token_type_ids, query_length: int,
 
 def answers_of(texts: BlockTexts, candidate_ids, log_p_z, span_log_probs,
                span_starts, span_widths, reader_token_ids, locate,
-               max_answers: int = 5) -> list[Answer]:
-  """The answer strings of one question, most probable first.
+               max_answers: int = 5, rule: str = MARGINAL) -> list[Answer]:
+  """The answer strings of one question, most probable first under `rule`.
 
   Args:
     texts: the corpus' text.
     candidate_ids: [k] block ids (NULL_DOCUMENT_ID on padding).
-    log_p_z: [k] log p(z|x), -inf on padding.
+    log_p_z: [k] log p(z|x), -inf on padding: the retriever's softmax of
+      f(x, z) for 'marginal'; for 'best_span' the joint's
+      p(z|x) = sum_s p(z, s|x), so that log_p_z + log p(s|z,x) is
+      f(x, z) + S(z, s) up to one constant.
     span_log_probs: [k, N] log p(s|z,x) of each candidate's N best spans.
     span_starts / span_widths: [k, N] reader positions of those spans.
     reader_token_ids: [k, L] reader inputs.
     locate: see `block_segments`.
     max_answers: how many strings to return.
+    rule: 'marginal' or 'best_span' (the module's docstring).
 
   p(y|z,x) only counts the N best spans of z: the rest carry the remainder
   of its probability mass, which no answer then claims.
@@ -142,4 +154,7 @@ def answers_of(texts: BlockTexts, candidate_ids, log_p_z, span_log_probs,
       joint = float(log_p_z[z] + log_p)
       if joint > best_joint.get(key, -np.inf):
         best_joint[key], answer.text = joint, text  # Its likeliest wording.
+  if rule == BEST_SPAN:
+    for key, answer in by_key.items():
+      answer.probability = float(np.exp(best_joint[key]))
   return sorted(by_key.values(), key=lambda a: -a.probability)[:max_answers]

@@ -19,7 +19,7 @@ from realm_jax import run_directory
 from realm_jax.evaluation.answers import BlockTexts, answers_of, block_segments
 from realm_jax.models import losses
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
-from realm_jax.models.reader import span_mask
+from realm_jax.models.reader import BEST_SPAN, span_mask
 from realm_jax.models.realm import model_retriever
 from realm_jax.training import batches, objectives, partitioning
 from realm_jax.training.run_loader import load_run
@@ -153,26 +153,34 @@ class ClozePredictor(RestoredRun):
     }
 
 
-def read_answers(model, params, inputs, top_spans: int):
+def read_answers(model, params, inputs, top_spans: int) -> dict:
   """The span reader over the candidates, reduced to what answers need.
 
-  Returns log p(z|x) [B, k], and for each candidate its `top_spans` best
-  spans: log p(s|z,x) [B, k, N] (softmax over the spans inside z), start
-  positions and widths [B, k, N]; and the reader's token ids [B, k, L].
+  Returns a dict of 'log_p_z' [B, k], the retriever's log p(z|x);
+  'log_p_z_joint' [B, k], log sum_s p(z, s|x) under the joint
+  p(z, s|x) ∝ exp(f(x, z) + S(z, s)) that fine-tuning trains; and for each
+  candidate its `top_spans` best spans: 'span_log_p' log p(s|z,x) [B, k, N]
+  (softmax over the spans inside z), 'starts' and 'widths' [B, k, N]; and
+  'reader_ids', the reader's token ids [B, k, L].
   """
   scores, spans, reader_inputs = model.apply(
       {'params': params}, inputs['query'], inputs['candidates'],
       inputs['candidate_embeddings'], method='read_spans')
   mask = inputs['candidate_mask']
+  spans = spans.astype(jnp.float32)
   valid = span_mask(reader_inputs['block_mask'], model.max_span_width) & (
       mask[:, :, None, None])
-  log_p_span = jnp.where(valid, spans - losses.masked_logsumexp(
-      spans, valid, axis=(2, 3))[..., None, None], -jnp.inf)
+  log_normalizer = losses.masked_logsumexp(spans, valid, axis=(2, 3))
+  log_p_span = jnp.where(valid, spans - log_normalizer[..., None, None],
+                         -jnp.inf)
   batch, k, length, width = spans.shape
   top, index = jax.lax.top_k(log_p_span.reshape(batch, k, length * width),
                              top_spans)
-  return (losses.candidate_log_probs(scores, mask), top, index // width,
-          index % width, reader_inputs['token_ids'])
+  return {'log_p_z': losses.candidate_log_probs(scores, mask),
+          'log_p_z_joint': losses.candidate_log_probs(
+              scores + log_normalizer, mask & jnp.isfinite(log_normalizer)),
+          'span_log_p': top, 'starts': index // width,
+          'widths': index % width, 'reader_ids': reader_inputs['token_ids']}
 
 
 class QAPredictor(RestoredRun):
@@ -188,9 +196,11 @@ class QAPredictor(RestoredRun):
                gin_bindings=(), recall_k: int = 5, top_spans: int = 8,
                question_length: int = 64):
     """`question_length`: wordpieces of a question for a run that does not
-    answer (Finetune's default); a fine-tuning run reads its own."""
+    answer (Finetune's default); a fine-tuning run reads its own. A
+    fine-tuning run picks answers by its `Finetune.answer_rule`."""
     super().__init__(model_dir, step, gin_files, gin_bindings)
     self.reads = self.kind == 'Finetune'
+    self.answer_rule = self.run.answer_rule if self.reads else None
     self.recall_k = recall_k
     self.query_length = (self.run.shapes['query_token_ids'][0] if self.reads
                          else question_length)
@@ -233,19 +243,21 @@ class QAPredictor(RestoredRun):
         'candidate_mask': candidate_ids >= 0,
         'candidate_embeddings': retrieval.client.document_embeddings(
             candidate_ids)})
-    log_p_z, span_log_p, starts, widths, reader_ids = (np.asarray(x)
-                                                       for x in outputs)
+    read = {name: np.asarray(x) for name, x in outputs.items()}
+    log_p_z = read['log_p_z_joint' if self.answer_rule == BEST_SPAN
+                   else 'log_p_z']
     query_lengths = np.sum(query['input_mask'], axis=-1)
     for b, result in enumerate(results):
       locate = block_segments(blocks['token_type_ids'][b],
                               int(query_lengths[b]),
                               self.run.objective.model.include_title)
       result['candidates'] = [
-          {'block_id': int(z_id), 'p_z': float(np.exp(log_p_z[b, z]))}
+          {'block_id': int(z_id), 'p_z': float(np.exp(read['log_p_z'][b, z]))}
           for z, z_id in enumerate(candidate_ids[b]) if z_id >= 0]
       result['answers'] = answers_of(
-          self.texts, candidate_ids[b], log_p_z[b], span_log_p[b], starts[b],
-          widths[b], reader_ids[b], locate)
+          self.texts, candidate_ids[b], log_p_z[b], read['span_log_p'][b],
+          read['starts'][b], read['widths'][b], read['reader_ids'][b], locate,
+          rule=self.answer_rule)
     return results
 
   def ask(self, question: str) -> dict:
@@ -262,7 +274,7 @@ class QAPredictor(RestoredRun):
       blocks.append({**candidate, 'title': title, 'text': words,
                      'p_y_given_z': (best.per_block.get(candidate['block_id'],
                                                         0.0) if best else 0.0)})
-    return {'question': question,
+    return {'question': question, 'answer_rule': self.answer_rule,
             'answer': best.text if best else '',
             'p_answer': best.probability if best else 0.0,
             'alternatives': [(a.text, a.probability)

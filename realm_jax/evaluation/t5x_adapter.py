@@ -20,7 +20,8 @@ Predictions are wordpiece ids [batch, max_span_width], zero-padded, because
 seqio decodes predictions with the task's 'targets' vocabulary (the same
 WordPiece vocabulary, which decodes padding to nothing). The answer is the
 one with the highest p(y|x) = sum_z p(z|x) p(y|z,x) over each candidate's
-`top_spans` best spans, as `answers.answers_of` ranks them, but keyed by
+`top_spans` best spans (or the best span of f + S, under the run's
+`Finetune.answer_rule`), as `answers.answers_of` ranks them, but keyed by
 wordpieces, not by the normalized text of the block: decoded wordpieces are
 lowercase and lose the block's spacing around punctuation ('1 , 000'), so
 exact match can be lower than `realm-jax eval`'s for such answers.
@@ -38,7 +39,8 @@ from flax.linen import partitioning as flax_partitioning
 from realm_jax.evaluation.prediction import QAPredictor, read_answers
 from realm_jax.evaluation.qa_evaluation import QAFeatureConverter, Spec
 from realm_jax.models import losses
-from realm_jax.models.reader import gold_span_mask, span_mask
+from realm_jax.models.reader import (BEST_SPAN, MARGINAL, gold_span_mask,
+                                     span_mask)
 
 _TOKEN_KEYS = ('token_ids', 'input_mask', 'token_type_ids')
 
@@ -84,21 +86,25 @@ def top_k_inner_products(queries, rows, k: int):
 
 
 def best_answers(log_p_z, span_log_probs, span_starts, span_widths,
-                 reader_token_ids, max_span_width: int, sep_id: int):
-  """The likeliest answer of each question, in JAX.
+                 reader_token_ids, max_span_width: int, sep_id: int,
+                 rule: str = MARGINAL):
+  """The likeliest answer of each question under `rule`, in JAX.
 
   Args:
-    log_p_z: [B, k] log p(z|x), -inf on padding.
+    log_p_z: [B, k] log p(z|x), -inf on padding (for 'best_span' the
+      joint's, as `answers.answers_of` takes it).
     span_log_probs: [B, k, N] log p(s|z,x) of each candidate's N best spans.
     span_starts / span_widths: [B, k, N] their reader positions.
     reader_token_ids: [B, k, L] reader inputs.
     max_span_width: W, the most wordpieces of a span.
     sep_id: spans holding a [SEP] (across z's title and body) are no answer.
+    rule: 'marginal' or 'best_span' (`evaluation.answers`).
 
   Returns:
     (wordpiece ids [B, W], zero-padded; log p(y|x) [B], where p(y|x) sums
-    p(z|x) p(s|z,x) over the spans s spelling y; -inf and no wordpieces when
-    a question has no span.)
+    p(z|x) p(s|z,x) over the spans s spelling y, or for 'best_span' the
+    best span's log p(z, s|x); -inf and no wordpieces when a question has
+    no span.)
   """
   batch, k, n = span_log_probs.shape
   length = reader_token_ids.shape[-1]
@@ -113,8 +119,11 @@ def best_answers(log_p_z, span_log_probs, span_starts, span_widths,
   valid = jnp.isfinite(joint) & ~jnp.any(tokens == sep_id, axis=-1)
   same = jnp.all(tokens[:, :, None] == tokens[:, None], axis=-1) & valid[
       :, None]
-  log_p_y = jnp.where(valid, losses.masked_logsumexp(
-      jnp.broadcast_to(joint[:, None], same.shape), same, axis=-1), -jnp.inf)
+  spelled = jnp.broadcast_to(joint[:, None], same.shape)
+  log_p_y = jnp.where(valid, losses.masked_logsumexp(spelled, same, axis=-1)
+                      if rule == MARGINAL else
+                      jnp.max(jnp.where(same, spelled, -jnp.inf), axis=-1),
+                      -jnp.inf)
   best = jnp.argmax(log_p_y, axis=-1)  # The first on ties, as answers_of.
   best_log_p = jnp.max(log_p_y, axis=-1)
   answer = jnp.take_along_axis(tokens, best[:, None, None], axis=1)[:, 0]
@@ -233,7 +242,8 @@ class RealmQAModel:
 
   def loss_fn(self, params, batch, dropout_rng):
     """The Finetune run kind's loss and metrics (as clu metrics, which t5x
-    merges and summarizes); dropout_rng None is deterministic."""
+    merges and summarizes); dropout_rng None is deterministic. A run with
+    ORQA's retriever beam is scored over the k blocks read."""
     query = _query(batch['query_token_ids'])
     answers = jnp.asarray(batch['answer_token_ids'], jnp.int32)
     inputs = {'query': query, **self._retrieve(params, query),
@@ -261,11 +271,14 @@ class RealmQAModel:
     del rng  # Answers are read off the spans, not sampled.
     query = _query(batch['query_token_ids'])
     retrieved = self._retrieve(params, query)
-    log_p_z, span_log_p, starts, widths, reader_ids = read_answers(
-        self.model, params, {'query': query, **retrieved}, self.top_spans)
+    read = read_answers(self.model, params, {'query': query, **retrieved},
+                        self.top_spans)
+    rule = self.predictor.answer_rule
     answers, log_p_y = best_answers(
-        log_p_z, span_log_p, starts, widths, reader_ids,
-        self.model.max_span_width, self.predictor.tokenizer.sep_id)
+        read['log_p_z_joint' if rule == BEST_SPAN else 'log_p_z'],
+        read['span_log_p'], read['starts'], read['widths'],
+        read['reader_ids'], self.model.max_span_width,
+        self.predictor.tokenizer.sep_id, rule)
     return answers, {'scores': log_p_y,
                      'block_ids': retrieved['candidate_ids'],
                      'retrieval_scores': retrieved['retrieval_scores']}

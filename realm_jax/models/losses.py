@@ -168,7 +168,8 @@ def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
   return loss, metrics
 
 
-def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask):
+def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask,
+            beam=None):
   """Open-QA fine-tuning loss (ORQA, as REALM fine-tunes).
 
   reader: -log [sum_{z, s gold} exp(S(z, s) + f(x, z)) /
@@ -182,10 +183,15 @@ def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask):
     span_logits: [batch, k, L, W] reader score S(z, s) of span (i, i + w).
     span_mask: [batch, k, L, W] bool, spans that lie inside z.
     gold_span_mask: [batch, k, L, W] bool, spans equal to an answer.
+    beam: None, or ORQA's retriever beam (f(x, z) [batch, n], mask
+      [batch, n], has_answer [batch, n]): the retriever term's p(z|x) is
+      then over the top n blocks, n >= k (ORQA: 5,000), not the k read,
+      and it is 0 where none of the n holds an answer.
 
   Returns:
     (loss, metrics) with reader_loss, retriever_loss and answer_recall (the
-    fraction of examples with an answer among their candidates).
+    fraction of examples with an answer among their candidates; with a
+    beam also beam_answer_recall, among the n).
   """
   valid = span_mask.astype(bool) & candidate_mask[:, :, None, None]
   gold = valid & gold_span_mask.astype(bool)
@@ -196,17 +202,24 @@ def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask):
   reader_ll = masked_logsumexp(joint, gold, axis=axes) - log_normalizer
   reader_loss = -jnp.where(has_answer, reader_ll, 0.0)
 
-  log_p_z = candidate_log_probs(scores, candidate_mask)
+  beam_scores, beam_mask, beam_gold = beam or (
+      scores, candidate_mask, jnp.any(gold, axis=(2, 3)))
+  beam_gold = beam_gold.astype(bool) & beam_mask
+  beam_has_answer = jnp.any(beam_gold, axis=1)
+  log_p_z = candidate_log_probs(beam_scores, beam_mask)
   retriever_loss = -jnp.where(
-      has_answer, masked_logsumexp(log_p_z, jnp.any(gold, axis=(2, 3)), axis=1),
-      0.0)
+      beam_has_answer, masked_logsumexp(log_p_z, beam_gold, axis=1), 0.0)
   loss = jnp.mean(reader_loss + retriever_loss)
-  return loss, {
+  metrics = {
       'loss': loss,
       'reader_loss': jnp.mean(reader_loss),
       'retriever_loss': jnp.mean(retriever_loss),
       'answer_recall': jnp.mean(has_answer.astype(jnp.float32)),
   }
+  if beam is not None:
+    metrics['beam_answer_recall'] = jnp.mean(
+        beam_has_answer.astype(jnp.float32))
+  return loss, metrics
 
 
 def ict_loss(query_embeddings, block_embeddings, axis_name=None):

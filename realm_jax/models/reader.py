@@ -11,6 +11,18 @@ from flax import linen as nn
 from realm_jax.models.bert import Bert, BertConfig, dense, layer_norm
 
 
+# How an Open-QA answer is read off the span scores (evaluation.answers):
+# REALM section 3.2's marginal p(y|x), or ORQA's best span of f + S.
+MARGINAL, BEST_SPAN = 'marginal', 'best_span'
+ANSWER_RULES = (MARGINAL, BEST_SPAN)
+
+
+def check_answer_rule(rule: str) -> str:
+  if rule not in ANSWER_RULES:
+    raise ValueError(f'answer_rule={rule!r}: expected one of {ANSWER_RULES}.')
+  return rule
+
+
 def gather_positions(hidden, positions):
   """[n, L, H] states at [n, M] positions -> [n, M, H]."""
   return jnp.take_along_axis(hidden, positions[..., None], axis=1)

@@ -87,8 +87,11 @@ class Realm(nn.Module):
                  deterministic=True):
     """Open-QA with frozen document embeddings (taken from the index).
 
-    Returns (f(x, z) / tau [batch, k], span logits [batch, k, L, W], the reader
-    inputs, whose `block_mask` locates z for span masks and gold spans).
+    `candidate_embeddings` [batch, n, D], n >= k: the k candidates' first,
+    then any more blocks scored but not read (ORQA's retriever beam).
+    Returns (f(x, z) / tau [batch, n], span logits [batch, k, L, W], the
+    reader inputs, whose `block_mask` locates z for span masks and gold
+    spans).
     """
     query_embedding = self.retriever.embed_query(
         query['token_ids'], query['input_mask'], query['token_type_ids'],

@@ -302,7 +302,9 @@ def import_released(model_dir: str, sources: list[str], blocks: str,
   kind = 'Finetune' if answers else 'Pretrain'
   run_loader.configure(files, [
       *hf, f'{kind}.corpus_name = {corpus_name!r}',
-      *([f'Finetune.benchmark = {benchmark!r}'] if answers else []),
+      # The released models were scored by ORQA's rule.
+      *([f'Finetune.benchmark = {benchmark!r}',
+         "Finetune.answer_rule = 'best_span'"] if answers else []),
       'train.num_steps = 0', *gin_bindings])
   configured = run_loader.configured_run()
   model = configured.run.objective.model

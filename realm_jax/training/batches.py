@@ -159,15 +159,42 @@ class MaskedLmBatches(_RetrievingBatches):
     run_directory.mark_training_done(self.model_dir)
 
 
+def blocks_holding_answers(token_ids, searchable, answer_ids):
+  """[B, n] whether block (b, j)'s searchable wordpieces hold one of example
+  b's answers: token_ids / searchable [B, n, L], answer_ids [B, A, W]
+  zero-padded. The gold-span rule of `reader.gold_span_mask`, on the host,
+  for blocks that are scored but not read (ORQA's retriever beam)."""
+  token_ids = np.asarray(token_ids)
+  held = np.zeros(token_ids.shape[:2], bool)
+  length = token_ids.shape[2]
+  for b, answers in enumerate(np.asarray(answer_ids)):
+    for answer in answers:
+      answer = answer[answer != 0]
+      width = len(answer)
+      if not 0 < width <= length:
+        continue
+      # Where the first wordpiece matches, then each next one.
+      j, start = np.nonzero((token_ids[b, :, :length - width + 1] == answer[0])
+                            & searchable[b, :, :length - width + 1])
+      for offset in range(1, width):
+        keep = (token_ids[b, j, start + offset] == answer[offset]) & (
+            searchable[b, j, start + offset])
+        j, start = j[keep], start[keep]
+      held[b, j] = True
+  return held
+
+
 class OpenQaBatches(_RetrievingBatches):
   """Open-QA: questions, their top-k blocks from the index fine-tuning
   started with (never refreshed: the document tower is frozen), and those
-  blocks' embeddings from that index."""
+  blocks' embeddings from that index; with a retriever beam (ORQA's top
+  n >= k), the n blocks' embeddings and which of them hold an answer."""
 
   def __init__(self, model_dir: str, mesh, objective: SpanQa, task: str,
                corpus_name: str):
     super().__init__(model_dir, mesh, objective, task, corpus_name,
                      null_document_first=False, exclude_source=False)
+    self.objective = objective
     self.retrieval.client.follow = False
     if self.retrieval.client.searcher_kind != 'exact':
       raise ValueError(
@@ -177,17 +204,33 @@ class OpenQaBatches(_RetrievingBatches):
   def dispatch_prepare(self, examples, params, step):
     del step  # The index stays the one fine-tuning started with.
     query = self.query(examples)
-    retrieved = self.retrieval.dispatch_candidates(
+    client, retrieved = self.retrieval.client, self.objective.retrieved
+    client.maybe_refresh()
+    searched = client.dispatch(
         self.retrieval.query_embeddings(params['retriever'], query),
-        np.full(len(query['token_ids']), -1))
+        min(retrieved, self.retrieval.blocks['token_ids'].shape[0]))
 
     def host_part():
-      blocks, mask, ids = retrieved()
+      _, ids = searched()
+      # A corpus smaller than the beam: the rest is padding.
+      ids = np.pad(ids, ((0, 0), (0, retrieved - ids.shape[1])),
+                   constant_values=NULL_DOCUMENT_ID)
+      read = ids[:, :self.objective.num_candidates]
       answers = np.asarray(examples['answer_token_ids'], np.int32)
-      return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
-              'candidate_embeddings':
-                  self.retrieval.client.document_embeddings(ids),
-              'answer_token_ids': answers,
-              'answer_mask': (answers != 0).astype(np.int32)}, {}
+      inputs = {'query': query, 'candidates': self.retrieval.blocks_of(read),
+                'candidate_mask': read >= 0,
+                'candidate_embeddings': client.document_embeddings(ids),
+                'answer_token_ids': answers,
+                'answer_mask': (answers != 0).astype(np.int32)}
+      if self.objective.retriever_beam_size:
+        blocks = self.retrieval.blocks
+        rows = np.maximum(ids, 0)
+        searchable = (blocks['input_mask'][rows] if
+                      self.objective.model.include_title else
+                      blocks['token_type_ids'][rows] == 1)
+        inputs['beam_mask'] = ids >= 0
+        inputs['beam_has_answer'] = inputs['beam_mask'] & (
+            blocks_holding_answers(blocks['token_ids'][rows],
+                                   searchable.astype(bool), answers))
+      return inputs, {}
     return host_part
-

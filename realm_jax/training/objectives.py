@@ -162,23 +162,40 @@ class MarginalMaskedLm(_ReadsCandidates):
 
 class SpanQa(_ReadsCandidates):
   """Open-QA fine-tuning: the answer spans marginalized over the top-k
-  blocks, with the document tower and the masked-LM head frozen."""
+  blocks, with the document tower and the masked-LM head frozen.
+
+  retriever_beam_size: None, or ORQA's n >= k: the retriever's loss is
+  over the top n blocks (those whose wordpieces hold an answer), the reader
+  still reads the top k. Its inputs then carry the n blocks' embeddings
+  (the first k are the read candidates'), 'beam_mask' and
+  'beam_has_answer' [batch, n].
+  """
 
   def __init__(self, model: Realm, query_length: int, max_answers: int,
                max_answer_length: int, num_candidates: int,
-               block_length: int | None, microbatches: int = 1):
+               block_length: int | None, microbatches: int = 1,
+               retriever_beam_size: int | None = None):
     super().__init__(model, query_length, num_candidates, block_length,
                      microbatches)
     self.max_answers, self.max_answer_length = max_answers, max_answer_length
+    self.retriever_beam_size = retriever_beam_size
+
+  @property
+  def retrieved(self) -> int:
+    """Blocks retrieved per question: the beam, or the k read."""
+    return self.retriever_beam_size or self.num_candidates
 
   def abstract_inputs(self, batch_size, block_length):
     answers = (batch_size, self.max_answers, self.max_answer_length)
+    beam = ({'beam_mask': _abstract((batch_size, self.retrieved), bool),
+             'beam_has_answer': _abstract((batch_size, self.retrieved), bool)}
+            if self.retriever_beam_size else {})
     return {**self._abstract_candidates(batch_size, block_length),
             'candidate_embeddings': _abstract(
-                (batch_size, self.num_candidates, self.model.projection_size),
+                (batch_size, self.retrieved, self.model.projection_size),
                 jnp.float32),
             'answer_token_ids': _abstract(answers),
-            'answer_mask': _abstract(answers)}
+            'answer_mask': _abstract(answers), **beam}
 
   def frozen(self, params):
     frozen = jax.tree.map(lambda _: False, params)
@@ -194,10 +211,14 @@ class SpanQa(_ReadsCandidates):
         {'params': params}, inputs['query'], inputs['candidates'],
         inputs['candidate_embeddings'], deterministic, rngs={'dropout': rng},
         method='read_spans')
-    width = self.model.max_span_width
+    width, k = self.model.max_span_width, self.num_candidates
+    # Inputs of the k read alone (the t5x adapter's loss_fn) score the
+    # retriever over those.
+    beam = ((scores, inputs['beam_mask'], inputs['beam_has_answer'])
+            if 'beam_has_answer' in inputs else None)
     return losses.qa_loss(
-        scores, inputs['candidate_mask'], spans,
+        scores[:, :k], inputs['candidate_mask'], spans,
         span_mask(reader_inputs['block_mask'], width),
         gold_span_mask(reader_inputs['token_ids'], reader_inputs['block_mask'],
                        inputs['answer_token_ids'], inputs['answer_mask'],
-                       width))
+                       width), beam)

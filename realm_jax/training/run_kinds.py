@@ -12,6 +12,7 @@ run's warm start read.
 import gin
 
 from realm_jax.models import losses
+from realm_jax.models.reader import check_answer_rule
 from realm_jax.models.realm import build_realm, model_retriever
 from realm_jax.training import batches, objectives, warm_start
 from realm_jax.training.warm_start import WarmStart
@@ -174,6 +175,13 @@ class Finetune(RunKind):
       run's last checkpoint and the reader from BERT: ORQA, the paper's
       baseline.
     microbatches: slices of the batch trained one at a time (memory).
+    retriever_beam_size: None, or ORQA's n (5,000): the retriever's loss
+      marginalizes over the top n blocks that hold an answer, not over the
+      k read (see `objectives.SpanQa`).
+    answer_rule: how `eval`, `ask` and the t5x adapter pick the answer:
+      'marginal' (REALM section 3.2's p(y|x)) or 'best_span' (ORQA's
+      argmax of f(x, z) + S(z, s), as the released models were scored);
+      see `evaluation.answers`.
   """
 
   def __init__(self, benchmark: str = 'nq_open', corpus_name: str = 'wiki_leads',
@@ -182,7 +190,14 @@ class Finetune(RunKind):
                block_length: int | None = None,
                pretrain_model_dir: str | None = None,
                ict_model_dir: str | None = None,
-               bert_dir: str | None = None, microbatches: int = 1):
+               bert_dir: str | None = None, microbatches: int = 1,
+               answer_rule: str = 'marginal',
+               retriever_beam_size: int | None = None):
+    if retriever_beam_size is not None and not (
+        retriever_beam_size >= num_candidates):
+      raise ValueError(f'Finetune.retriever_beam_size={retriever_beam_size}: '
+                       'the beam holds the blocks read, expected >= '
+                       f'Finetune.num_candidates={num_candidates}.')
     if pretrain_model_dir and ict_model_dir:
       raise ValueError('Finetune starts from a pre-training run '
                        '(pretrain_model_dir) or from an ICT retriever '
@@ -194,10 +209,11 @@ class Finetune(RunKind):
         corpus_name, block_length,
         objectives.SpanQa(build_realm(), query_length, max_answers,
                           max_answer_length, num_candidates, block_length,
-                          microbatches))
+                          microbatches, retriever_beam_size))
     self.pretrain_model_dir, self.ict_model_dir = (pretrain_model_dir,
                                                    ict_model_dir)
     self.bert_dir = bert_dir
+    self.answer_rule = check_answer_rule(answer_rule)
 
   def warm_start(self, params):
     if self.pretrain_model_dir:
