@@ -1,6 +1,7 @@
 """Exact MIPS equals numpy brute force: chunks, shards, ties, exclusions."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -81,3 +82,19 @@ def test_k_above_the_document_count_is_an_error():
     exact_search(np.ones((1, 4), np.float32), np.ones((10, 4), np.float32), k=11)
   with pytest.raises(ValueError, match='k=11'):
     ExactSearcher(np.ones((10, 4), np.float32)).search(np.ones((1, 4)), 11)
+
+
+def test_bfloat16_rows_halve_the_index_and_keep_exact_results():
+  """Small integers are exact in bfloat16, and scores accumulate in float32:
+  the same ids and scores as float32 rows, ties included."""
+  queries, docs = _data(203, seed=4, ties=True)
+  half = ExactSearcher(docs, devices=jax.devices()[:2], chunk_size=10,
+                       dtype='bfloat16')
+  assert half.embeddings.dtype == jnp.bfloat16
+  assert half.embeddings.nbytes * 2 == ExactSearcher(
+      docs, devices=jax.devices()[:2], chunk_size=10).embeddings.nbytes
+  scores, ids = half.search(queries, 30)
+  expected_scores, expected_ids = _brute_force(queries, docs, 30)
+  np.testing.assert_array_equal(ids, expected_ids)
+  np.testing.assert_array_equal(scores, expected_scores)
+  assert scores.dtype == np.float32

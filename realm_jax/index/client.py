@@ -23,11 +23,16 @@ from realm_jax.index.exact import ExactSearcher
 
 @gin.configurable
 class IndexClient:
-  """Serves `search` from the newest compatible index of a model_dir."""
+  """Serves `search` from the newest compatible index of a model_dir.
+
+  `search_dtype`: the exact searcher's rows on the devices, e.g.
+  'bfloat16' to halve the index's memory (None: as published, float32).
+  """
 
   def __init__(self, model_dir: str, corpus_metadata: dict, dim: int,
                searcher: str = 'exact', devices=None,
-               block_length: int | None = None, follow: bool = True):
+               block_length: int | None = None, follow: bool = True,
+               search_dtype: str | None = None):
     self.model_dir = model_dir
     self.corpus_metadata = corpus_metadata
     self.dim = dim
@@ -36,6 +41,7 @@ class IndexClient:
     self.searcher_kind = searcher
     self.devices = devices
     self.block_length = block_length
+    self.search_dtype = search_dtype
     self.searcher = None
     self.index_step: int | None = None
     self.refreshes = 0
@@ -61,7 +67,8 @@ class IndexClient:
       return False
     loaded = publication.load_index(
         self._manager, newest, self.corpus_metadata, self.dim,
-        self.searcher_kind, self.devices, self.block_length)
+        self.searcher_kind, self.devices, self.block_length,
+        self.search_dtype)
     if loaded is None:
       return False
     self.searcher, self.index_step = loaded[0], newest
@@ -92,4 +99,5 @@ class IndexClient:
         self.index_step:
       self._host_embeddings = (self.index_step, np.asarray(
           self.searcher.embeddings)[:self.searcher.num_docs])
-    return self._host_embeddings[1][np.maximum(np.asarray(ids), 0)]
+    return self._host_embeddings[1][np.maximum(np.asarray(ids), 0)].astype(
+        np.float32)

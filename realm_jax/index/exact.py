@@ -113,9 +113,15 @@ def sharded_top_k(mesh, num_docs: int, k: int, chunk_size: int = 65536):
 
 
 class ExactSearcher:
-  """Exact MIPS over embeddings sharded row-wise across `devices`."""
+  """Exact MIPS over embeddings sharded row-wise across `devices`.
 
-  def __init__(self, embeddings, devices=None, chunk_size: int = 65536):
+  `dtype`: the rows' dtype on the devices (None: the embeddings'). bfloat16
+  halves their memory (13,353,718 x 128: 3.4 GB instead of 6.8); scores
+  still accumulate in float32.
+  """
+
+  def __init__(self, embeddings, devices=None, chunk_size: int = 65536,
+               dtype=None):
     devices = list(devices if devices is not None else jax.devices())
     self.num_docs, self.dim = embeddings.shape
     self.mesh = index_mesh(devices)
@@ -123,7 +129,7 @@ class ExactSearcher:
     if rows_per_shard > chunk_size:  # Whole chunks: no padding per search.
       rows_per_shard = -(-rows_per_shard // chunk_size) * chunk_size
     padded = np.zeros((rows_per_shard * len(devices), self.dim),
-                      np.asarray(embeddings).dtype)
+                      jnp.dtype(dtype or np.asarray(embeddings).dtype))
     padded[:self.num_docs] = np.asarray(embeddings)
     self.embeddings = jax.device_put(padded, NamedSharding(self.mesh, P(AXIS)))
     self._chunk_size = chunk_size

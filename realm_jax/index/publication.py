@@ -212,9 +212,10 @@ def read_embeddings(manager: ocp.CheckpointManager,
 
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
                dim: int, searcher: str = 'exact', devices=None,
-               block_length: int | None = None):
+               block_length: int | None = None, search_dtype=None):
   """(searcher, metadata) of a published step, checked against the corpus;
-  None if the builder pruned the step meanwhile."""
+  None if the builder pruned the step meanwhile. `search_dtype`: the exact
+  searcher's rows (see `ExactSearcher`)."""
   where = os.path.join(str(manager.directory), str(step))
   metadata = read_metadata(manager, step)
   if metadata is None:
@@ -229,7 +230,7 @@ def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
     return None
   if searcher == 'scann':
     return build_scann(embeddings), metadata
-  return ExactSearcher(embeddings, devices=devices), metadata
+  return ExactSearcher(embeddings, devices=devices, dtype=search_dtype), metadata
 
 
 def embed_and_publish(index: ocp.CheckpointManager, step: int,
