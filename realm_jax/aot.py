@@ -124,6 +124,8 @@ def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
   dim = embedder_retriever.projection_size
   replicated = jax.sharding.NamedSharding(search_mesh,
                                           jax.sharding.PartitionSpec())
+  split = jax.sharding.NamedSharding(search_mesh,
+                                     jax.sharding.PartitionSpec(AXIS))
   search = sharded_top_k(search_mesh, num_blocks, search_k, search_chunk_size)
   exact_search = _analyse(
       'exact search', builder_devices,
@@ -133,10 +135,8 @@ def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
       lowered=search.lower(
           jax.ShapeDtypeStruct((search_queries, dim), search_dtype,
                                sharding=replicated),
-          jax.ShapeDtypeStruct((rows, dim), search_dtype,
-                               sharding=jax.sharding.NamedSharding(
-                                   search_mesh,
-                                   jax.sharding.PartitionSpec(AXIS))),
+          jax.ShapeDtypeStruct((rows, dim), search_dtype, sharding=split),
+          jax.ShapeDtypeStruct((rows,), bool, sharding=split),
           jax.ShapeDtypeStruct((search_queries, 1), np.int32,
                                sharding=replicated)))
   return [train_step, embed_step, exact_search]

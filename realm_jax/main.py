@@ -1,7 +1,9 @@
 """The `realm-jax` command line."""
 
 import argparse
+import contextlib
 import functools
+import json
 import os
 import sys
 
@@ -83,23 +85,43 @@ def _parser() -> argparse.ArgumentParser:
   fill = commands.add_parser(
       'fill', help='Fill the [MASK]s of a sentence with a pre-training run, '
       'showing the documents it retrieved and how each one votes.')
-  fill.add_argument('text', help='e.g. "The [MASK] is the currency of the '
-                    'United Kingdom."')
+  fill_inputs = fill.add_mutually_exclusive_group(required=True)
+  fill_inputs.add_argument('text', nargs='?', help='e.g. "The [MASK] is the '
+                           'currency of the United Kingdom."')
+  fill_inputs.add_argument('--texts', default=None,
+                           help='A file of sentences, one a line ("-": '
+                           'standard input), filled by one loaded model.')
   fill.add_argument('--model_dir', required=True,
                     help='A `realm-jax train` pre-training run.')
+  fill.add_argument('--output', default=None,
+                    help='Also write one JSON object per sentence here '
+                    '(JSONL): the filled text, p(y|x) of each [MASK], and '
+                    'each document with p(z|x) and p(y|z,x).')
 
   evaluate = commands.add_parser(
-      'eval', help='Score a run on an Open-QA test set through '
-      'seqio.Evaluator: exact match (regex match for CuratedTREC) of a '
-      'fine-tuning run, and retrieval recall@5 of any run.')
+      'eval', help='Score a run on an Open-QA test set (a benchmark\'s, or '
+      'any file of questions) through seqio.Evaluator: exact match (regex '
+      'match for CuratedTREC) of a fine-tuning run, and retrieval recall@5 '
+      'of any run.')
   evaluate.add_argument('--model_dir', required=True,
                         help='A `realm-jax train` run (ICT, pre-training or '
                         'fine-tuning).')
-  evaluate.add_argument('--task', action='append', required=True,
+  evaluate.add_argument('--task', action='append', default=[],
                         choices=('nq_open', 'web_questions', 'curated_trec',
                                  'masked_lm'),
                         help='Repeatable. masked_lm: held-out masked '
                         'salient-span accuracy of a pre-training run.')
+  evaluate.add_argument('--qa_file', action='append', default=[],
+                        help='Repeatable. Any Open-QA file, every question '
+                        "scored: topics TSV (question<TAB>['answer', ...]) "
+                        'or JSONL ({"question": ..., "answer": [...]}), '
+                        'told by its first row, else by its extension '
+                        '(.tsv, .jsonl). Its files are named by its task, '
+                        'qa_file_<stem>_<hash of the content>.')
+  evaluate.add_argument('--qa_regex', action='store_true',
+                        help='The answers of the --qa_file(s) are regular '
+                        'expressions, scored by regex match as CuratedTREC '
+                        "is (the task's name gets _regex).")
   evaluate.add_argument('--output_dir', default=None,
                         help='Default: model_dir/eval.')
   evaluate.add_argument('--step', type=int, default=None,
@@ -113,9 +135,18 @@ def _parser() -> argparse.ArgumentParser:
   ask = commands.add_parser(
       'ask', help='Answer a question with a fine-tuning run, showing the '
       'blocks it read and how each one supports the answer.')
-  ask.add_argument('question', help='e.g. "who wrote the origin of species?"')
+  ask_inputs = ask.add_mutually_exclusive_group(required=True)
+  ask_inputs.add_argument('question', nargs='?',
+                          help='e.g. "who wrote the origin of species?"')
+  ask_inputs.add_argument('--questions', default=None,
+                          help='A file of questions, one a line ("-": '
+                          'standard input), answered by one loaded model.')
   ask.add_argument('--model_dir', required=True,
                    help='A `realm-jax train` fine-tuning run.')
+  ask.add_argument('--output', default=None,
+                   help='Also write one JSON object per question here '
+                   '(JSONL): the answer, its probability, the runners-up '
+                   'and each block with p(z|x) and p(y|z,x).')
 
   refresh = commands.add_parser(
       'refresh', help='The index builder: re-embed and publish every new '
@@ -180,6 +211,23 @@ def _parser() -> argparse.ArgumentParser:
                         help='The Open-QA task of a fine-tuned model.')
   released.add_argument('--gin_file', action='append', default=[])
   released.add_argument('--gin_bindings', action='append', default=[])
+
+  living = commands.add_parser(
+      'corpus', help="Change a run's corpus in place and bring its index up "
+      'to date, embedding the added blocks alone with the towers that '
+      'embedded the rest: add articles, remove them, or sync an index after '
+      "another run's change.",
+      epilog='e.g. realm-jax corpus add --jsonl=new.jsonl '
+      '--model_dir=runs/demo/finetune')
+  living.add_argument('action', choices=('add', 'remove', 'sync'))
+  living.add_argument('--model_dir', required=True,
+                      help='The run whose corpus changes and whose newest '
+                      'index is brought up to date.')
+  living.add_argument('--jsonl', action='append', default=[],
+                      help='add: JSONL {"title", "text"} file (repeatable).')
+  living.add_argument('--titles', default=None,
+                      help='remove: a file of article titles, one a line.')
+  living.add_argument('--batch_size', type=int, default=64)
   return parser
 
 
@@ -197,20 +245,78 @@ def _train(args) -> None:
   trainer.train(args.model_dir)
 
 
+@contextlib.contextmanager
+def _one_or_many(command: str, single: str | None, path: str | None,
+                 output_path: str | None):
+  """(inputs [(file:line or None, text)], skip report, write(row)) of a
+  command given one text or a file of them ('-': standard input); write
+  prints nothing itself: it appends a JSONL row to `output_path`, if any,
+  and flushes what was printed, so that piped output comes as it goes."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from realm_jax.data.skips import SkipReport  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation.prediction import read_inputs  # pylint: disable=g-import-not-at-top
+  report = SkipReport(f'{command} {path}')
+  try:
+    inputs = [(None, single)] if path is None else read_inputs(path, report)
+  except FileNotFoundError as error:
+    raise SystemExit(f'realm-jax {command}: {error}') from error
+  with contextlib.ExitStack() as files:
+    output = output_path and files.enter_context(
+        epath.Path(output_path).open('w'))
+
+    def write(row: dict) -> None:
+      if output:
+        output.write(json.dumps(row) + '\n')
+        output.flush()
+      sys.stdout.flush()
+
+    yield inputs, report, write
+  if report:
+    print(report.summary(), file=sys.stderr)
+
+
 def _fill(args) -> None:
   from realm_jax.evaluation.prediction import ClozePredictor  # pylint: disable=g-import-not-at-top
-  result = ClozePredictor(args.model_dir).fill(args.text)
-  print(f'filled: {result["filled"]}   (index step {result["index_step"]})')
-  for j, tokens in enumerate(result['masks'], 1):
-    print(f'[MASK] {j}: p(y|x) ' + '  '.join(f'{t} {p:.3f}' for t, p in tokens))
-  print(f'{"p(z|x)":>7} {"p(y|z,x)":>9}  document')
-  for doc in result['documents']:
-    p_y = ' '.join(f'{p:.3f}' for p in doc['p_y_given_z'])
-    print(f'{doc["p_z"]:7.3f} {p_y:>9}  {doc["title"]}: {doc["text"]}')
+  with _one_or_many('fill', args.text, args.texts, args.output) as (
+      texts, report, write):
+    predictor, filled = ClozePredictor(args.model_dir), 0
+    for where, text in texts:
+      try:
+        result = predictor.fill(text)
+      except ValueError as error:  # No [MASK], or longer than the query.
+        if where is None:
+          raise SystemExit(f'realm-jax fill: {error}') from error
+        print(f'{where}: {error}', file=sys.stderr)
+        report.add('not fillable', where)
+        continue
+      if filled:
+        print()
+      filled += 1
+      print(f'filled: {result["filled"]}   (index step '
+            f'{result["index_step"]})')
+      for j, tokens in enumerate(result['masks'], 1):
+        print(f'[MASK] {j}: p(y|x) ' + '  '.join(f'{t} {p:.3f}'
+                                                 for t, p in tokens))
+      print(f'{"p(z|x)":>7} {"p(y|z,x)":>9}  document')
+      for doc in result['documents']:
+        p_y = ' '.join(f'{p:.3f}' for p in doc['p_y_given_z'])
+        print(f'{doc["p_z"]:7.3f} {p_y:>9}  {doc["title"]}: {doc["text"]}')
+      write({'text': text, **result})
 
 
 def _eval(args) -> None:
   from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
+  from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
+  if not args.task and not args.qa_file:
+    raise SystemExit('realm-jax eval: give a --task or a --qa_file.')
+  if args.qa_regex and not args.qa_file:
+    raise SystemExit('realm-jax eval: --qa_regex is about the answers of '
+                     'a --qa_file; give one.')
+  try:  # Before the model loads: a file of no known format is refused.
+    file_tasks = [open_qa_tasks.register_qa_file(path, args.qa_regex)
+                  for path in args.qa_file]
+  except (FileNotFoundError, ValueError) as error:
+    raise SystemExit(f'realm-jax eval: {error}') from error
   gin_files = args.gin_file or ()
   output_dir = args.output_dir or os.path.join(args.model_dir, 'eval')
   if 'masked_lm' in args.task:
@@ -218,7 +324,7 @@ def _eval(args) -> None:
                                  gin_files, args.gin_bindings, args.batch_size,
                                  step=args.step)
     print('masked_lm: ' + ', '.join(f'{k} {v}' for k, v in summary.items()))
-  tasks = [t for t in args.task if t != 'masked_lm']
+  tasks = [t for t in args.task if t != 'masked_lm'] + file_tasks
   predictor = tasks and qa_evaluation.QAPredictor(
       args.model_dir, args.step, gin_files, args.gin_bindings)
   for task in tasks:
@@ -234,18 +340,25 @@ def _eval(args) -> None:
 
 def _ask(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
-  result = QAPredictor(args.model_dir).ask(args.question)
-  print(f'Q: {result["question"]}')
-  label = 'p(z,s|x)' if result['answer_rule'] == 'best_span' else 'p(y|x)'
-  print(f'A: {result["answer"]}   {label} = {result["p_answer"]:.3f}   '
-        f'(step {result["step"]}, index step {result["index_step"]})')
-  if result['alternatives']:
-    print('   else: ' + '  '.join(f'{t} {p:.3f}'
-                                  for t, p in result['alternatives']))
-  print(f'{"p(z|x)":>7} {"p(y|z,x)":>9}  block')
-  for block in result['blocks']:
-    print(f'{block["p_z"]:7.3f} {block["p_y_given_z"]:9.3f}  '
-          f'{block["title"]}: {block["text"]}')
+  with _one_or_many('ask', args.question, args.questions, args.output) as (
+      questions, _, write):
+    predictor = QAPredictor(args.model_dir)
+    for n, (_, question) in enumerate(questions):
+      result = predictor.ask(question)
+      if n:
+        print()
+      print(f'Q: {result["question"]}')
+      label = 'p(z,s|x)' if result['answer_rule'] == 'best_span' else 'p(y|x)'
+      print(f'A: {result["answer"]}   {label} = {result["p_answer"]:.3f}   '
+            f'(step {result["step"]}, index step {result["index_step"]})')
+      if result['alternatives']:
+        print('   else: ' + '  '.join(f'{t} {p:.3f}'
+                                      for t, p in result['alternatives']))
+      print(f'{"p(z|x)":>7} {"p(y|z,x)":>9}  block')
+      for block in result['blocks']:
+        print(f'{block["p_z"]:7.3f} {block["p_y_given_z"]:9.3f}  '
+              f'{block["title"]}: {block["text"]}')
+      write(result)
 
 
 def _demo(args) -> None:
@@ -309,7 +422,6 @@ def _refresh(args) -> None:
 
 
 def _aot(args) -> None:
-  import json  # pylint: disable=g-import-not-at-top
   devices = max(args.mesh, args.builder_mesh)
   # Before JAX starts: the target mesh, faked on the host CPU.
   os.environ['JAX_PLATFORMS'] = 'cpu'
@@ -379,6 +491,41 @@ def _data(args) -> None:
         _tokenizer(args.vocab), num_processes=args.num_processes)
 
 
+def _corpus(args) -> None:
+  from realm_jax.data import corpus, corpus_changes  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import corpus_sync  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import batches, run_loader  # pylint: disable=g-import-not-at-top
+  loaded = run_loader.load_run(args.model_dir)
+  corpus_dir = corpus.corpus_dir(loaded.run.corpus_name)
+  if args.action == 'add':
+    if not args.jsonl:
+      raise SystemExit('corpus add: give --jsonl=FILE.')
+    # The index must fit the corpus before it changes.
+    corpus_sync.sync_index(loaded.model_dir, corpus_dir, loaded.run.retriever(),
+                           args.batch_size)
+    _, added = corpus_changes.add_articles(
+        corpus_dir, batches.task_tokenizer(loaded.run.task), args.jsonl)
+    print(f'{corpus_dir}: blocks {added.start:,}-{added.stop - 1:,} added')
+  elif args.action == 'remove':
+    if not args.titles:
+      raise SystemExit('corpus remove: give --titles=FILE.')
+    corpus_sync.sync_index(loaded.model_dir, corpus_dir, loaded.run.retriever(),
+                           args.batch_size)
+    metadata, removed = corpus_changes.remove_titles(corpus_dir, args.titles)
+    print(f'{corpus_dir}: {len(removed):,} block(s) removed' + (
+        f'; no block titled {metadata["lineage"][-1]["titles_not_found"]}'
+        if metadata['lineage'][-1]['titles_not_found'] else ''))
+  synced = corpus_sync.sync_index(loaded.model_dir, corpus_dir,
+                                  loaded.run.retriever(), args.batch_size)
+  if synced is None:
+    print(f'{loaded.model_dir}: its index is up to date.')
+  else:
+    embedded = synced['synced_from']
+    print(f'{loaded.model_dir}: index step {synced["step"]} published '
+          f'({embedded["blocks_embedded"]:,} block(s) embedded in '
+          f'{embedded["seconds"]:.1f} s)')
+
+
 def main(argv=None) -> int:
   args = _parser().parse_args(_gin_flags(sys.argv[1:] if argv is None
                                          else argv))
@@ -388,7 +535,7 @@ def main(argv=None) -> int:
     args.model_dir = os.path.abspath(args.model_dir)  # Orbax needs these.
   {'demo': _demo, 'data': _data, 'embed': _embed, 'refresh': _refresh,
    'train': _train, 'fill': _fill, 'eval': _eval, 'ask': _ask, 'aot': _aot,
-   'import': _import}[
+   'import': _import, 'corpus': _corpus}[
        args.command](args)
   return 0
 

@@ -1,9 +1,17 @@
-"""nq_open, web_questions, curated_trec: Open-QA with the papers' metrics."""
+"""nq_open, web_questions, curated_trec: Open-QA with the papers' metrics.
+
+Any other Open-QA file becomes a task of its own through `register_qa_file`,
+so that `realm-jax eval`, fine-tuning and t5x-style evaluation read it by
+name as they read the benchmarks.
+"""
 
 import functools
+import hashlib
+import re
 
 import seqio
 import tensorflow as tf
+from etils import epath
 
 from realm_jax.data import open_qa
 from realm_jax.evaluation import metrics
@@ -15,7 +23,17 @@ MAX_QUERY_LENGTH = 64
 def examples(benchmark: str, split: str, shuffle_files: bool = False,
              seed: int | None = None) -> tf.data.Dataset:
   del shuffle_files, seed  # Small files; seqio shuffles examples.
-  rows = open_qa.load(benchmark, split, open_qa.data_dir())
+  return _dataset(open_qa.load(benchmark, split, open_qa.data_dir()))
+
+
+def file_examples(path: str, regex: bool, split: str,
+                  shuffle_files: bool = False,
+                  seed: int | None = None) -> tf.data.Dataset:
+  del shuffle_files, seed  # As `examples`.
+  return _dataset(open_qa.load_file(path, regex, split))
+
+
+def _dataset(rows) -> tf.data.Dataset:
   return tf.data.Dataset.from_generator(
       lambda: ({'question': q, 'answers': list(a)} for q, a in rows),
       output_signature={'question': tf.TensorSpec([], tf.string),
@@ -60,17 +78,48 @@ OUTPUT_FEATURES = {
 }
 
 
-def register(benchmark: str) -> None:
-  metric = (metrics.regex_match if benchmark in open_qa.REGEX_ANSWERS
-            else metrics.exact_match)
+def _add(name: str, dataset_fn, splits, regex: bool) -> None:
   seqio.TaskRegistry.add(
-      benchmark,
-      source=seqio.FunctionDataSource(
-          functools.partial(examples, benchmark), splits=('train', 'test')),
+      name,
+      source=seqio.FunctionDataSource(dataset_fn, splits=splits),
       preprocessors=[tokenize_question],
       output_features=OUTPUT_FEATURES,
       postprocess_fn=answers_postprocessor,
-      metric_fns=[metric])
+      metric_fns=[metrics.regex_match if regex else metrics.exact_match])
+
+
+def register(benchmark: str) -> None:
+  _add(benchmark, functools.partial(examples, benchmark), ('train', 'test'),
+       benchmark in open_qa.REGEX_ANSWERS)
+
+
+def qa_file_task_name(path: str, regex: bool = False) -> str:
+  """qa_file_<stem>[_regex]_<8 hex digits of the content's SHA-256>: the
+  same file names the same task in every process, and an edited one
+  another (a resumed fine-tuning run then refuses the changed data)."""
+  path = epath.Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f'No Open-QA file {path}.')
+  stem = re.sub(r'[^0-9a-z_]', '_', path.stem.lower())
+  digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+  return f'qa_file_{stem}{"_regex" if regex else ""}_{digest}'
+
+
+def register_qa_file(path: str, regex: bool = False) -> str:
+  """Registers an Open-QA file (`open_qa.load_file`) as a seqio task, once,
+  and returns its name (`qa_file_task_name`).
+
+  Its splits are `open_qa.QA_FILE_SPLITS`: 'test' every question, 'train'
+  and 'validation' a fixed partition of them. `regex`: the answers are
+  patterns, scored by regex match. A file of no known format is refused
+  here (ValueError naming its file and line), before anything reads it.
+  """
+  name = qa_file_task_name(path, regex)
+  if name not in seqio.TaskRegistry.names():
+    open_qa.qa_file_format(path)
+    _add(name, functools.partial(file_examples, str(path), regex),
+         open_qa.QA_FILE_SPLITS, regex)
+  return name
 
 
 for _benchmark in open_qa.FILES:

@@ -77,6 +77,26 @@ def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys,
              f'--model_dir={model_dir}'])
   out = capsys.readouterr().out
   assert 'filled:' in out and '(null document)' in out and 'p(z|x)' in out
+  # A file of sentences, one loaded model; a bad line is counted, not fatal.
+  texts = ['The [MASK] is the capital of France.', 'no blank here',
+           'Paris is the [MASK] of [MASK].']
+  source, output = tmp_path / 'texts.txt', tmp_path / 'filled.jsonl'
+  source.write_text(f'{texts[0]}\n{texts[1]}\n\n{texts[2]}\n')
+  gin.clear_config()
+  main.main(['fill', f'--texts={source}', f'--model_dir={model_dir}',
+             f'--output={output}'])
+  captured = capsys.readouterr()
+  assert captured.out.count('filled:') == 2
+  assert captured.out.count('[MASK] 2: p(y|x)') == 1
+  assert f'{source}:2: No [MASK]' in captured.err
+  assert f'not fillable: 1 (e.g. {source}:2)' in captured.err
+  rows = [json.loads(line) for line in output.read_text().splitlines()]
+  assert [r['text'] for r in rows] == [texts[0], texts[2]]
+  assert [len(r['masks']) for r in rows] == [1, 2]
+  for row in rows:
+    assert '[MASK]' not in row['filled'] and len(row['documents']) == 4
+    assert sum(d['p_z'] for d in row['documents']) == pytest.approx(
+        1, abs=1e-5)
 
 
 @pytest.mark.integration

@@ -1,6 +1,7 @@
 """`realm-jax eval` and `ask`: known EM and recall from a fixed model and
 corpus, and answers in the block's own words."""
 
+import io
 import json
 
 import gin
@@ -12,6 +13,8 @@ from realm_jax import main
 from realm_jax.data import answer_matching, corpus
 from realm_jax.evaluation import qa_evaluation
 from realm_jax.evaluation.answers import BlockTexts, answers_of
+from realm_jax.training import run_loader
+from tasks import open_qa as open_qa_tasks
 from tests.helpers import ARTICLES, NQ_TEST, finetuned
 
 TREC_TEST = [('what animal is striped?', 'zeb.a'),
@@ -69,6 +72,35 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
   assert all(0 < r['p_answer'] <= 1 for r in rows)
   trec = qa_evaluation.evaluate(predictor, 'curated_trec', out)
   assert trec['regex_match'] == 50.0 and trec['recall@5'] == 50.0
+  # The same questions from files of their own score the same.
+  nq_file = zebra / 'nq.jsonl'
+  nq_file.write_text(''.join(json.dumps({'question': q, 'answer': a}) + '\n'
+                             for q, a in NQ_TEST))
+  trec_file = zebra / 'trec.txt'
+  trec_file.write_text(''.join(f'{q}\t{[a]!r}\n' for q, a in TREC_TEST))
+  for path, regex, benchmark, batch_size in ((nq_file, False, nq, 3),
+                                             (trec_file, True, trec, 32)):
+    task = open_qa_tasks.register_qa_file(str(path), regex)
+    scored = qa_evaluation.evaluate(predictor, task, out, batch_size)
+    assert scored == {**benchmark, 'task': task}
+    assert qa_evaluation.read_predictions(out, task) == (
+        qa_evaluation.read_predictions(out, benchmark['task']))
+  # The command line: its own predictor (the trained reader), the same
+  # retrieval.
+  main.main(['eval', f'--model_dir={model_dir}', f'--qa_file={nq_file}',
+             f'--output_dir={out}/cli'])
+  task = open_qa_tasks.register_qa_file(str(nq_file))
+  with open(f'{out}/cli/{task}_metrics.json') as f:
+    cli = json.load(f)
+  assert (cli['questions'], cli['answer_in_corpus'], cli['recall@5']) == (
+      4, 3, 75.0)
+  assert 'exact_match' in cli
+  bad = zebra / 'notes.txt'
+  bad.write_text('who has stripes? the zebra\n')
+  with pytest.raises(SystemExit, match=r'notes\.txt:1: not an Open-QA row'):
+    main.main(['eval', f'--model_dir={model_dir}', f'--qa_file={bad}'])
+  with pytest.raises(SystemExit, match='--task or a --qa_file'):
+    main.main(['eval', f'--model_dir={model_dir}'])
 
 
 @pytest.mark.unit
@@ -142,10 +174,35 @@ def test_orqas_rule_takes_the_single_best_span(zebra, tokenizer):
 
 
 @pytest.mark.integration
-def test_ask_prints_the_answer_and_its_blocks(zebra, capsys):
-  model_dir = finetuned(zebra)
+def test_ask_prints_the_answer_and_its_blocks(zebra, capsys, monkeypatch):
+  """Of a run fine-tuned on a file of questions, which `ask` rebuilds."""
+  questions_file = zebra / 'train.jsonl'
+  questions_file.write_text(''.join(
+      json.dumps({'question': q, 'answer': a}) + '\n' for q, a in NQ_TEST))
+  model_dir = finetuned(zebra, f"--gin.Finetune.qa_file='{questions_file}'")
+  assert run_loader.load_run(model_dir).run.task == (
+      open_qa_tasks.register_qa_file(str(questions_file)))
   gin.clear_config()
   main.main(['ask', 'what animal has stripes?', f'--model_dir={model_dir}'])
   out = capsys.readouterr().out
   assert 'A: ' in out and 'p(y|x)' in out and 'p(z|x)' in out
   assert out.count('Animal ') + out.count('Crossings') >= 3
+  # Many questions, from standard input, answered by one loaded model.
+  questions = ['what animal has stripes?', 'which animal lives in park 3?']
+  monkeypatch.setattr('sys.stdin', io.TextIOWrapper(io.BytesIO(
+      f'{questions[0]}\n\n{questions[1]}\n'.encode())))
+  output = zebra / 'answers.jsonl'
+  main.main(['ask', '--questions=-', f'--model_dir={model_dir}',
+             f'--output={output}'])
+  out = capsys.readouterr().out
+  assert [line[3:] for line in out.splitlines() if line.startswith('Q: ')
+          ] == questions
+  assert out.count('A: ') == 2 and out.count('p(z|x)') == 2
+  rows = [json.loads(line) for line in output.read_text().splitlines()]
+  assert [r['question'] for r in rows] == questions
+  for row in rows:
+    assert row['answer'] and 0 < row['p_answer'] <= 1
+    assert len(row['blocks']) == 5 and all(
+        b['title'] and 0 <= b['p_z'] <= 1 and 'p_y_given_z' in b
+        for b in row['blocks'])
+    assert sum(b['p_z'] for b in row['blocks']) == pytest.approx(1, abs=1e-4)

@@ -5,6 +5,7 @@ import pytest
 import seqio
 
 import tasks  # pylint: disable=unused-import
+from realm_jax.evaluation import metrics
 from tasks import open_qa as open_qa_tasks
 from tests.helpers import DATA_DIR, needs_data
 
@@ -77,3 +78,56 @@ def test_targets_are_every_answer():
   assert open_qa_tasks.answers_postprocessor(
       'x', example=example, is_target=True) == ['Paris', 'City of Light']
   assert open_qa_tasks.answers_postprocessor('Paris') == 'Paris'
+
+
+def _qa_file(path, rows):
+  path.write_text(''.join(f'{q}\t{a!r}\n' for q, a in rows))
+  return str(path)
+
+
+@pytest.mark.unit
+def test_a_qa_file_registers_once_under_a_name_of_its_content(tmp_path):
+  path = _qa_file(tmp_path / 'My Questions.v2.txt', [('who?', ['me'])])
+  name = open_qa_tasks.register_qa_file(path)
+  assert name.startswith('qa_file_my_questions_v2_') and len(name) == len(
+      'qa_file_my_questions_v2_') + 8
+  assert open_qa_tasks.register_qa_file(path) == name  # Idempotent.
+  (tmp_path / 'copy').mkdir()
+  copy = _qa_file(tmp_path / 'copy' / 'My Questions.v2.txt', [('who?', ['me'])])
+  assert open_qa_tasks.register_qa_file(copy) == name
+  regex = open_qa_tasks.register_qa_file(path, regex=True)
+  assert regex == name.replace('_v2_', '_v2_regex_')
+  task = seqio.get_mixture_or_task
+  assert task(name).predict_metric_fns == [metrics.exact_match]
+  assert task(regex).predict_metric_fns == [metrics.regex_match]
+  _qa_file(tmp_path / 'My Questions.v2.txt', [('who?', ['you'])])
+  assert open_qa_tasks.register_qa_file(path) not in (name, regex)
+
+
+@pytest.mark.unit
+def test_a_file_of_no_known_format_is_refused_at_registration(tmp_path):
+  path = tmp_path / 'notes.txt'
+  path.write_text('\nwho wrote hamlet? Shakespeare\n')
+  with pytest.raises(ValueError, match=r'notes\.txt:2: not an Open-QA row'):
+    open_qa_tasks.register_qa_file(str(path))
+  assert not any(name.startswith('qa_file_notes_')
+                 for name in seqio.TaskRegistry.names())
+  with pytest.raises(FileNotFoundError, match='nowhere.tsv'):
+    open_qa_tasks.register_qa_file(str(tmp_path / 'nowhere.tsv'))
+
+
+@pytest.mark.integration
+def test_a_qa_file_task_reads_its_splits(tmp_path):
+  rows = [(f'which number is {i}?', [str(i)]) for i in range(60)]
+  name = open_qa_tasks.register_qa_file(_qa_file(tmp_path / 'n.tsv', rows))
+  read = {split: _first(name, split, seed=0, n=100)
+          for split in ('train', 'validation', 'test')}
+  assert len(read['test']) == 60
+  assert len(read['train']) + len(read['validation']) == 60
+  assert read['validation'] and read['train']
+  for example in read['test']:
+    assert example['query_token_ids'][0] == 101
+    assert example['query_token_ids'][-1] == 102
+    question = example['question'].item().decode()
+    assert [a.decode() for a in example['answers']] == [
+        question.split()[-1].rstrip('?')]

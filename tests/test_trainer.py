@@ -17,6 +17,7 @@ from realm_jax import main, run_directory
 from realm_jax.models import pretrained
 from realm_jax.training import batches, input_pipeline, partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
+from tasks import open_qa as open_qa_tasks
 from tests.helpers import (DATA_DIR, REPO, RETRIEVAL, TINY, bind_tiny,
                            build_leads_corpus, needs_data, train_tiny)
 
@@ -106,6 +107,21 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
 def test_a_null_score_offset_needs_the_null_document():
   with pytest.raises(ValueError, match='null_document = True'):
     run_kinds.Pretrain(null_document=False, null_score_offset=0.0)
+
+
+def test_finetuning_on_a_file_evaluates_on_the_questions_it_holds_out(
+    tmp_path):
+  path = tmp_path / 'trivia.tsv'
+  path.write_text("who wrote hamlet?\t['Shakespeare']\n")
+  run = run_kinds.Finetune(qa_file=str(path))
+  assert (run.task, run.eval_split) == (
+      open_qa_tasks.register_qa_file(str(path)), 'validation')
+  regex = run_kinds.Finetune(qa_file=str(path), qa_regex=True)
+  assert regex.task == open_qa_tasks.register_qa_file(str(path), regex=True)
+  assert (run_kinds.Finetune().task, run_kinds.Finetune().eval_split) == (
+      'nq_open', 'test')
+  with pytest.raises(ValueError, match='bind a qa_file'):
+    run_kinds.Finetune(qa_regex=True)
 
 
 def test_a_reader_deeper_than_the_towers_warm_starts_at_its_own_depth(

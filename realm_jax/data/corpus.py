@@ -236,11 +236,11 @@ class CorpusBuilder:
     return block
 
 
-def _vocab_hash(vocab_path: str) -> str:
+def vocab_hash(vocab_path: str) -> str:
   return hashlib.sha256(epath.Path(vocab_path).read_bytes()).hexdigest()
 
 
-def _histogram(lengths: list[int], max_length: int) -> dict[str, int]:
+def length_histogram(lengths: list[int], max_length: int) -> dict[str, int]:
   counts = collections.Counter(min(n, max_length - 1) // _HISTOGRAM_BUCKET
                                for n in lengths)
   return {f'{b * _HISTOGRAM_BUCKET}-{min((b + 1) * _HISTOGRAM_BUCKET, max_length) - 1}':
@@ -265,7 +265,7 @@ class CorpusWriter:
     if epath.Path(self.tmp_dir).exists():
       epath.Path(self.tmp_dir).rmtree()
     epath.Path(self.tmp_dir).mkdir(parents=True)
-    self.vocab_hash = _vocab_hash(vocab_path)
+    self.vocab_hash = vocab_hash(vocab_path)
     self.digest = hashlib.sha256(self.vocab_hash.encode())
     self.blocks_per_shard = blocks_per_shard
     self.lengths, self.shards, self._writer = [], [], None
@@ -300,7 +300,7 @@ class CorpusWriter:
         'vocab_hash': self.vocab_hash,
         'corpus_fingerprint': self.digest.hexdigest(),
         'shards': self.shards,
-        'length_histogram': _histogram(lengths, max_block_length),
+        'length_histogram': length_histogram(lengths, max_block_length),
         'mean_length': float(np.mean(lengths)) if lengths else 0.0,
         **fields,
     }

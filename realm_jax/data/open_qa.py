@@ -6,9 +6,14 @@ REALM_DATA_DIR. NQ's 79k training file is not distributed offline; the 8,757
 questions of `topics.nq.dev.txt` (ORQA's dev split, carved from train) are the
 training split here, and `NQ-open.dev.jsonl` (3,610) is the test set every
 Open-QA paper reports.
+
+Any other Open-QA file reads through `load_file`, in either format of those
+benchmarks: Anserini's topics TSV or NQ-open's JSONL, its answers strings or
+(like CuratedTREC's) regular expressions.
 """
 
 import ast
+import hashlib
 import json
 import logging
 import os
@@ -45,17 +50,23 @@ def _read_jsonl(path, report) -> Iterator[tuple[str, str, object]]:
       report.add('not a JSON object', where)
 
 
+def _topics_row(raw: bytes) -> tuple[str, object]:
+  """(question, answers) of a topics row; ValueError, SyntaxError or
+  TypeError when it is not one."""
+  question, answers = raw.decode('utf-8').rstrip('\n').split('\t')
+  return question, ast.literal_eval(answers)
+
+
 def _read_topics_tsv(path, report):
   """Anserini topics: `question<TAB>['answer', ...]` (a Python list)."""
   for number, raw in _lines(path):
     where = f'{path}:{number}'
     try:
-      question, answers = raw.decode('utf-8').rstrip('\n').split('\t')
-      answers = ast.literal_eval(answers)
+      question, answers = _topics_row(raw)
     except UnicodeDecodeError:
       report.add('not UTF-8', where)
       continue
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError):
       report.add('malformed TSV row', where)
       continue
     yield where, question, answers
@@ -115,6 +126,28 @@ def data_dir(explicit: str | None = None) -> str:
   return path
 
 
+def _usable(rows, regex: bool, report: SkipReport) -> Iterator[QAExample]:
+  """The rows with a question and an answer (a valid pattern when `regex`);
+  the rest counted in `report`."""
+  for where, question, answers in rows:
+    if not isinstance(question, str) or not question.strip():
+      report.add('missing question', where)
+      continue
+    if not isinstance(answers, list) or not any(
+        isinstance(a, str) and a.strip() for a in answers):
+      report.add('empty answer list', where)
+      continue
+    answers = [a for a in answers if isinstance(a, str) and a.strip()]
+    if regex:
+      valid = [a for a in answers if compile_answer_pattern(a) is not None]
+      if len(valid) < len(answers):
+        report.add('invalid answer regex', where)
+      if not valid:
+        continue
+      answers = valid
+    yield QAExample(question.strip(), tuple(answers))
+
+
 def load(benchmark: str, split: str, directory: str | None = None,
          report: SkipReport | None = None) -> list[QAExample]:
   """Every usable question of one split; the rest is counted in `report`.
@@ -135,23 +168,105 @@ def load(benchmark: str, split: str, directory: str | None = None,
     path = os.path.join(root, name)
     if not epath.Path(path).exists():
       raise FileNotFoundError(f'{benchmark}/{split}: missing {path}')
-    for where, question, answers in reader(path, report):
-      if not isinstance(question, str) or not question.strip():
-        report.add('missing question', where)
-        continue
-      if not isinstance(answers, list) or not any(
-          isinstance(a, str) and a.strip() for a in answers):
-        report.add('empty answer list', where)
-        continue
-      answers = [a for a in answers if isinstance(a, str) and a.strip()]
-      if benchmark in REGEX_ANSWERS:
-        valid = [a for a in answers if compile_answer_pattern(a) is not None]
-        if len(valid) < len(answers):
-          report.add('invalid answer regex', where)
-        if not valid:
-          continue
-        answers = valid
-      examples.append(QAExample(question.strip(), tuple(answers)))
+    examples.extend(_usable(reader(path, report),
+                            benchmark in REGEX_ANSWERS, report))
   if own_report and report:
     logging.warning('%s', report.summary())
   return examples
+
+
+# The formats of an Open-QA file, and the extensions that name them.
+QA_FILE_READERS = {'tsv': _read_topics_tsv, 'jsonl': _read_jsonl}
+QA_FILE_EXTENSIONS = {'.tsv': 'tsv', '.jsonl': 'jsonl'}
+# A file's splits: 'test' is every question, 'validation' the share held
+# out of 'train' (per mille of the questions).
+QA_FILE_SPLITS = ('train', 'validation', 'test')
+QA_FILE_VALIDATION_PER_MILLE = 50
+
+
+def _row_format(raw: bytes) -> str | None:
+  """The format one row reads as: 'jsonl', 'tsv' or None."""
+  try:
+    if isinstance(json.loads(raw.decode('utf-8')), dict):
+      return 'jsonl'
+  except ValueError:  # Not UTF-8, or not JSON.
+    pass
+  try:
+    if isinstance(_topics_row(raw)[1], list):
+      return 'tsv'
+  except (ValueError, SyntaxError, TypeError):
+    pass
+  return None
+
+
+def qa_file_format(path) -> str:
+  """'tsv' or 'jsonl': what the file's first row reads as, else what its
+  extension says (the first row is then a bad row, such as a header).
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: neither says, or the file is empty; names the file and line.
+  """
+  if not epath.Path(path).exists():
+    raise FileNotFoundError(f'No Open-QA file {path}.')
+  first = next(_lines(path), None)
+  if first is None:
+    raise ValueError(f'{path}: no question in the file.')
+  number, raw = first
+  found = _row_format(raw) or QA_FILE_EXTENSIONS.get(
+      epath.Path(path).suffix.lower())
+  if found is None:
+    raise ValueError(
+        f'{path}:{number}: not an Open-QA row: expected a topics TSV row '
+        "(question<TAB>['answer', ...]) or a JSONL row ({\"question\": ..., "
+        f'"answer": [...]}}), got '
+        f'{raw[:80].decode("utf-8", "replace").rstrip()!r}.')
+  return found
+
+
+def held_out(question: str) -> bool:
+  """Is a file's question in its validation split? A fixed share of the
+  questions, by a hash of the text: the same under any order of the rows,
+  and a question asked twice is held out both times or neither."""
+  digest = hashlib.sha256(question.encode('utf-8')).digest()
+  return (int.from_bytes(digest[:4], 'big') % 1000
+          < QA_FILE_VALIDATION_PER_MILLE)
+
+
+def load_file(path, regex: bool = False, split: str = 'test',
+              report: SkipReport | None = None) -> list[QAExample]:
+  """The usable questions of one split of an Open-QA file (see
+  `QA_FILE_SPLITS`), read in the format `qa_file_format` finds.
+
+  `regex`: the answers are regular expressions (scored by regex match, as
+  CuratedTREC's are). Bad rows are skipped and counted in `report` with
+  their file:line, as `load` counts them.
+
+  Raises:
+    ValueError: the file is of no known format, or holds no usable question
+      (in `split`).
+  """
+  if split not in QA_FILE_SPLITS:
+    raise ValueError(f'Unknown split {split!r} of {path}; known: '
+                     + ', '.join(QA_FILE_SPLITS))
+  found = qa_file_format(path)
+  own_report = report is None
+  if own_report:
+    report = SkipReport(f'{path} ({split})')
+  examples = list(_usable(QA_FILE_READERS[found](path, report), regex,
+                          report))
+  if not examples:
+    raise ValueError(f'{path}: no usable question, read as {found}. '
+                     + report.summary())
+  if own_report and report:
+    logging.warning('%s', report.summary())
+  if split == 'test':
+    return examples
+  chosen = [e for e in examples if held_out(e.question) == (
+      split == 'validation')]
+  if not chosen:
+    raise ValueError(
+        f'{path}: none of its {len(examples)} questions falls in its {split} '
+        f'split ({QA_FILE_VALIDATION_PER_MILLE / 10:g}% are held out for '
+        'validation, by a hash of the question).')
+  return chosen

@@ -18,20 +18,25 @@ import dataclasses
 
 import numpy as np
 
-from realm_jax.data import corpus
+from realm_jax.data import corpus, corpus_changes
 from realm_jax.data.answer_matching import normalize_answer
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import BEST_SPAN, MARGINAL
 
 
 class BlockTexts:
-  """The title and body of every block of a corpus, and the text of a span."""
+  """The title and body of every live block of a corpus (removed ones
+  left out), and the text of a span."""
 
   def __init__(self, corpus_dir: str, tokenizer):
     self.tokenizer = tokenizer
     self.titles, self.bodies = {}, {}
+    removed = set(corpus_changes.removed_ids(
+        corpus.load_metadata(corpus_dir)).tolist())
     for block in corpus.read_blocks(corpus_dir).as_numpy_iterator():
       block_id = int(block['block_id'])
+      if block_id in removed:
+        continue  # Never retrieved, nor searched for answers.
       self.titles[block_id] = block['title'].decode('utf-8')
       self.bodies[block_id] = block['body'].decode('utf-8')
     self._pieces = {}  # segment -> block id -> (UTF-8 text, ids, offsets)

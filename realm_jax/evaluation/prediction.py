@@ -6,22 +6,27 @@ its saved gin config), a checkpoint's parameters and an index.
 shows, as the paper's Table 3 does, the marginal p(y|x) over the retrieved
 candidates (the null document included) and each candidate's p(z|x) and
 p(y|z,x). `QAPredictor` answers questions with a fine-tuning run, with the
-same provenance, and retrieves for any run.
+same provenance, and retrieves for any run. Both are built once and then
+answer any number of inputs (`read_inputs`): their start-up is paid once.
 """
 
+import contextlib
 import functools
+import sys
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from realm_jax import run_directory
+from realm_jax.data.skips import SkipReport
 from realm_jax.evaluation.answers import BlockTexts, answers_of, block_segments
 from realm_jax.models import losses
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import BEST_SPAN, span_mask
-from realm_jax.models.realm import model_retriever
-from realm_jax.training import batches, objectives, partitioning
+from realm_jax.training import batches, partitioning
 from realm_jax.training.run_loader import load_run
 
 MASK = '[MASK]'
@@ -46,6 +51,29 @@ def cloze_query(tokenizer, text: str, max_length: int):
     raise ValueError(f'{text!r} is {len(ids)} wordpieces with [CLS] and '
                      f'[SEP]; the query holds {max_length}.')
   return ids, positions
+
+
+def read_inputs(path: str, report: SkipReport) -> Iterator[tuple[str, str]]:
+  """(file:line, text) of each non-blank line of `path` ('-': standard
+  input), read as it comes, so that inputs can be piped or typed; lines
+  that are not UTF-8 are counted in `report`."""
+  if path != '-' and not epath.Path(path).exists():
+    raise FileNotFoundError(f'No file of inputs {path}.')
+  return _numbered_lines(path, report)
+
+
+def _numbered_lines(path, report):
+  name = '<stdin>' if path == '-' else path
+  with (contextlib.nullcontext(sys.stdin.buffer) if path == '-'
+        else epath.Path(path).open('rb')) as lines:
+    for number, raw in enumerate(lines, 1):
+      try:
+        text = raw.decode('utf-8').strip()
+      except UnicodeDecodeError:
+        report.add('not UTF-8', f'{name}:{number}')
+        continue
+      if text:
+        yield f'{name}:{number}', text
 
 
 def fill_distribution(scores, candidate_mask, mlm_logits):
@@ -212,12 +240,8 @@ class QAPredictor(RestoredRun):
       self._read = jax.jit(functools.partial(
           read_answers, self.run.objective.model, top_spans=top_spans))
     else:
-      objective = self.run.objective
-      retriever = (objective.retriever
-                   if isinstance(objective, objectives.InverseCloze)
-                   else model_retriever(objective.model))
       self.retrieval = batches.corpus_retrieval(
-          self.model_dir, self.mesh, retriever, self.tokenizer,
+          self.model_dir, self.mesh, self.run.retriever(), self.tokenizer,
           self.run.corpus_name, recall_k, block_length=self.run.block_length)
       self.retrieval.index_at(self.step, self.params['retriever'])
       self.preparer, self.num_candidates = None, 0

@@ -1,13 +1,15 @@
 """`realm-jax eval`: Open-QA scored as REALM scores it, driven by seqio.
 
-`seqio.Evaluator` reads a QA task's test split, hands its questions to a
-`QAPredictor` (through `QAFeatureConverter`, as t5x's eval.py hands batches
-to a model) and applies the task's own metric: exact match, or regex match
-for CuratedTREC. Beside it this module measures retrieval: recall@k, the
-fraction of questions with an answer string in one of their top-k blocks,
-and which questions have an answer anywhere in the corpus (the subset the
-small embedded corpus can answer at all). Every prediction is written as a
-JSONL row with its retrieved blocks.
+`seqio.Evaluator` reads a QA task's test split (a benchmark's, or every
+question of a file registered by `tasks.open_qa.register_qa_file`), hands
+its questions to a `QAPredictor` (through `QAFeatureConverter`, as t5x's
+eval.py hands batches to a model) and applies the task's own metric: exact
+match, or regex match for CuratedTREC and files of answer patterns. Beside
+it this module measures retrieval: recall@k, the fraction of questions with
+an answer string in one of their top-k blocks, and which questions have an
+answer anywhere in the corpus (the subset the small embedded corpus can
+answer at all). Every prediction is written as a JSONL row with its
+retrieved blocks.
 """
 
 import json
@@ -17,8 +19,8 @@ import seqio
 import tensorflow as tf
 from etils import epath
 
-from realm_jax.data import answer_matching, open_qa
-from realm_jax.evaluation import bootstrap
+from realm_jax.data import answer_matching
+from realm_jax.evaluation import bootstrap, metrics
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
 from realm_jax.training.batches import token_arrays
@@ -78,7 +80,9 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   returns the metrics: exact_match (or regex_match) when the predictor reads,
   recall@k, and both again on the questions whose answer is in the corpus.
   """
-  regex = task in open_qa.REGEX_ANSWERS
+  # The task's metric says how its answers match: as strings or patterns.
+  regex = (metrics.regex_match in
+           seqio.get_mixture_or_task(task).predict_metric_fns)
   evaluator = seqio.Evaluator(
       task, QAFeatureConverter(), eval_split='test',
       sequence_length={'query_token_ids': predictor.query_length},

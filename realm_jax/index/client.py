@@ -44,6 +44,7 @@ class IndexClient:
     self.search_dtype = search_dtype
     self.searcher = None
     self.index_step: int | None = None
+    self.params_step: int | None = None  # The towers' step that embedded it.
     self.refreshes = 0
     self._manager = None
     self._host_embeddings = None
@@ -72,11 +73,13 @@ class IndexClient:
     if loaded is None:
       return False
     self.searcher, self.index_step = loaded[0], newest
+    self.params_step = loaded[1].get('params_step', newest)
     self.refreshes += 1
     return True
 
   def staleness(self, step: int) -> int | None:
-    return None if self.index_step is None else step - self.index_step
+    """Trainer steps since the towers that embedded the index."""
+    return None if self.index_step is None else step - self.params_step
 
   def search(self, query_embeddings, k: int, exclude_ids=None):
     return self.dispatch(query_embeddings, k, exclude_ids)()

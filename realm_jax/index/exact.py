@@ -4,7 +4,8 @@ The document embeddings are split row-wise over a 1-D device mesh. Each device
 scores its rows one chunk at a time, keeping a running top-k, so memory is
 [queries x chunk_size], never [queries x N]; the per-device top-k lists are
 then gathered and merged. Ties go to the lower document id, as a stable sort
-would order them. Excluded ids (the trivial candidate) score -inf.
+would order them. Excluded ids (the trivial candidate) score -inf, and so do
+rows that are not live (blocks removed from the corpus).
 """
 
 import functools
@@ -41,22 +42,25 @@ def _chunk_top_k(scores, k: int):
   return values, group * _GROUP + position % _GROUP
 
 
-def _top_k_of_rows(queries, rows, first_id, num_docs, exclude_ids, k: int,
-                   chunk_size: int):
-  """Running top-k over `rows` (ids first_id...), chunk by chunk."""
+def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
+                   k: int, chunk_size: int):
+  """Running top-k over `rows` (ids first_id...) whose `live` [N] is True,
+  chunk by chunk."""
   num_rows, dim = rows.shape
   chunk_size = min(chunk_size, num_rows)
   num_chunks = -(-num_rows // chunk_size)
-  rows = jnp.pad(rows, ((0, num_chunks * chunk_size - num_rows), (0, 0)))
-  chunks = rows.reshape(num_chunks, chunk_size, dim)
+  padding = num_chunks * chunk_size - num_rows
+  chunks = jnp.pad(rows, ((0, padding), (0, 0))).reshape(
+      num_chunks, chunk_size, dim)
+  live = jnp.pad(live, (0, padding)).reshape(num_chunks, chunk_size)
   chunk_k = min(k, chunk_size)
 
   def merge(best, chunk_and_start):
-    chunk, start = chunk_and_start
+    chunk, chunk_live, start = chunk_and_start
     scores = jnp.einsum('qd,nd->qn', queries, chunk,
                         preferred_element_type=jnp.float32)
     ids = first_id + start + jnp.arange(chunk_size, dtype=jnp.int32)
-    valid = (start + jnp.arange(chunk_size) < num_rows) & (ids < num_docs)
+    valid = chunk_live & (ids < num_docs)
     valid = valid[None, :] & ~jnp.any(
         ids[None, :, None] == exclude_ids[:, None, :], axis=-1)
     scores, top = _chunk_top_k(jnp.where(valid, scores, -jnp.inf), chunk_k)
@@ -69,7 +73,7 @@ def _top_k_of_rows(queries, rows, first_id, num_docs, exclude_ids, k: int,
   init = (jnp.full((queries.shape[0], k), -jnp.inf, jnp.float32),
           jnp.full((queries.shape[0], k), -1, jnp.int32))
   starts = jnp.arange(num_chunks, dtype=jnp.int32) * chunk_size
-  (scores, ids), _ = jax.lax.scan(merge, init, (chunks, starts))
+  (scores, ids), _ = jax.lax.scan(merge, init, (chunks, live, starts))
   return scores, ids
 
 
@@ -82,8 +86,9 @@ def exact_search(queries, embeddings, k: int, exclude_ids=None,
     raise ValueError(f'k={k} must be in [1, {num_docs}] (the document count).')
   if exclude_ids is None:
     exclude_ids = jnp.full((queries.shape[0], 1), -1, jnp.int32)
-  return _top_k_of_rows(queries, embeddings, 0, num_docs,
-                        jnp.asarray(exclude_ids, jnp.int32), k, chunk_size)
+  return _top_k_of_rows(queries, embeddings, jnp.ones(num_docs, bool), 0,
+                        num_docs, jnp.asarray(exclude_ids, jnp.int32), k,
+                        chunk_size)
 
 
 def index_mesh(devices) -> jax.sharding.Mesh:
@@ -93,12 +98,13 @@ def index_mesh(devices) -> jax.sharding.Mesh:
 
 
 def sharded_top_k(mesh, num_docs: int, k: int, chunk_size: int = 65536):
-  """jit(queries [Q, D], rows [N', D] split over `mesh`, exclude_ids [Q, E])
-  -> (scores, ids) [Q, k]: every device's running top-k, gathered, merged."""
+  """jit(queries [Q, D], rows [N', D] and live [N'] split over `mesh`,
+  exclude_ids [Q, E]) -> (scores, ids) [Q, k]: every device's running top-k,
+  gathered, merged."""
 
-  def shard_top_k(queries, rows, exclude_ids):
+  def shard_top_k(queries, rows, live, exclude_ids):
     first_id = jax.lax.axis_index(AXIS) * rows.shape[0]
-    scores, ids = _top_k_of_rows(queries, rows, first_id, num_docs,
+    scores, ids = _top_k_of_rows(queries, rows, live, first_id, num_docs,
                                  exclude_ids, min(k, rows.shape[0]),
                                  chunk_size)
     # [shards, Q, k] in shard order: lower ids first, for stable ties.
@@ -108,7 +114,7 @@ def sharded_top_k(mesh, num_docs: int, k: int, chunk_size: int = 65536):
     return merged, jnp.take_along_axis(ids, pick, axis=1)
 
   return jax.jit(jax.shard_map(
-      shard_top_k, mesh=mesh, in_specs=(P(), P(AXIS), P()),
+      shard_top_k, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P()),
       out_specs=(P(), P()), check_vma=False))
 
 
@@ -117,11 +123,12 @@ class ExactSearcher:
 
   `dtype`: the rows' dtype on the devices (None: the embeddings'). bfloat16
   halves their memory (13,353,718 x 128: 3.4 GB instead of 6.8); scores
-  still accumulate in float32.
+  still accumulate in float32. `removed`: ids never returned (blocks
+  removed from the corpus).
   """
 
   def __init__(self, embeddings, devices=None, chunk_size: int = 65536,
-               dtype=None):
+               dtype=None, removed=()):
     devices = list(devices if devices is not None else jax.devices())
     self.num_docs, self.dim = embeddings.shape
     self.mesh = index_mesh(devices)
@@ -131,7 +138,11 @@ class ExactSearcher:
     padded = np.zeros((rows_per_shard * len(devices), self.dim),
                       jnp.dtype(dtype or np.asarray(embeddings).dtype))
     padded[:self.num_docs] = np.asarray(embeddings)
-    self.embeddings = jax.device_put(padded, NamedSharding(self.mesh, P(AXIS)))
+    rows = NamedSharding(self.mesh, P(AXIS))
+    self.embeddings = jax.device_put(padded, rows)
+    live = np.ones(len(padded), bool)
+    live[np.asarray(removed, np.int64)] = False
+    self.live = jax.device_put(live, rows)
     self._chunk_size = chunk_size
     self._search = {}
 
@@ -160,6 +171,6 @@ class ExactSearcher:
         else np.asarray(exclude_ids, np.int32).reshape(len(queries), -1)
     replicated = NamedSharding(self.mesh, P())
     scores, ids = self._searcher(k)(jax.device_put(queries, replicated),
-                                    self.embeddings,
+                                    self.embeddings, self.live,
                                     jax.device_put(exclude, replicated))
     return lambda: (np.asarray(scores), np.asarray(ids))

@@ -1,11 +1,13 @@
 """Published indexes: embed, save, load and check one index step.
 
 An index step (model_dir/index/<step>, see `run_directory`) holds the corpus
-embedded by the towers of trainer step `step`: its embeddings [N, D], its
-metadata (corpus fingerprint, block cut, size) and, for ScaNN, the searcher's
-own files. The builder publishes one per due checkpoint; the trainer
-publishes its first one when it starts without any. Readers check the
-metadata against their corpus and model before they search.
+embedded by the towers of trainer step `params_step` (the step itself,
+except for an index brought up to date with a changed corpus, see
+`corpus_sync`): its embeddings [N, D], its metadata (corpus fingerprint,
+block cut, size) and, for ScaNN, the searcher's own files. The builder
+publishes one per due checkpoint; the trainer publishes its first one when
+it starts without any. Readers check the metadata against their corpus and
+model before they search, and never return the corpus's removed blocks.
 """
 
 import dataclasses
@@ -20,6 +22,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed, run_directory
+from realm_jax.data import corpus_changes
 from realm_jax.index.embed import DocumentEmbedder, embed_corpus
 from realm_jax.index.exact import ExactSearcher
 from realm_jax.index.scann_searcher import ScannSearcher, build_scann
@@ -27,6 +30,9 @@ from realm_jax.index.scann_searcher import ScannSearcher, build_scann
 log = logging.getLogger(__name__)
 
 SEARCHERS = ('exact', 'scann')
+# Metadata of an index copied from another run: that run's model_dir and the
+# step whose towers embedded it.
+EMBEDDED_BY = 'embedded_by'
 
 
 class IndexMismatchError(ValueError):
@@ -137,12 +143,14 @@ def index_manager(directory: str, read_only: bool = False,
 
 
 def index_metadata(corpus_metadata: dict, embeddings: np.ndarray | Rows,
-                   step: int,
-                   searcher: str, block_length: int | None = None) -> dict:
-  """`block_length`: wordpieces of each block that were embedded (None: all)."""
+                   step: int, searcher: str, block_length: int | None = None,
+                   params_step: int | None = None) -> dict:
+  """`block_length`: wordpieces of each block that were embedded (None: all);
+  `params_step`: the trainer step whose towers embedded them (None: `step`)."""
   return {
       'block_length': block_length or corpus_metadata['max_block_length'],
       'step': int(step),
+      'params_step': int(step if params_step is None else params_step),
       'corpus_fingerprint': corpus_metadata['corpus_fingerprint'],
       'num_blocks': int(embeddings.shape[0]),
       'dim': int(embeddings.shape[1]),
@@ -182,8 +190,14 @@ def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
     problems.append(f'blocks cut to {metadata.get("block_length", full)} '
                     f'wordpieces != {block_length or full} here')
   if metadata['corpus_fingerprint'] != corpus_metadata['corpus_fingerprint']:
-    problems.append(f'corpus fingerprint {metadata["corpus_fingerprint"][:12]}'
-                    f'... != {corpus_metadata["corpus_fingerprint"][:12]}...')
+    changes = corpus_changes.pending_changes(corpus_metadata,
+                                             metadata['corpus_fingerprint'])
+    problems.append(
+        f'corpus fingerprint {metadata["corpus_fingerprint"]} != '
+        f'{corpus_metadata["corpus_fingerprint"]} of the corpus' + (
+            f', which changed since ({", ".join(c["change"] for c in changes)}'
+            '): `realm-jax corpus sync --model_dir=...` brings the index up '
+            'to date' if changes else ''))
   if metadata['num_blocks'] != corpus_metadata['num_blocks']:
     problems.append(f'{metadata["num_blocks"]:,} blocks != '
                     f'{corpus_metadata["num_blocks"]:,} in the corpus')
@@ -221,16 +235,24 @@ def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
   if metadata is None:
     return None
   check_compatible(metadata, corpus_metadata, dim, where, block_length)
-  if searcher == 'scann' and metadata['searcher'] == 'scann':
-    loaded = run_directory.restore(manager, step, ocp.args.Composite(**{
-        run_directory.SCANN: ScannRestore()}))
-    return None if loaded is None else (loaded[run_directory.SCANN], metadata)
+  removed = corpus_changes.removed_ids(corpus_metadata)
+  if searcher == 'scann':
+    if metadata['searcher'] == 'scann':
+      loaded = run_directory.restore(manager, step, ocp.args.Composite(**{
+          run_directory.SCANN: ScannRestore()}))
+      scann = None if loaded is None else loaded[run_directory.SCANN]
+    else:
+      embeddings = read_embeddings(manager, step)
+      scann = None if embeddings is None else build_scann(embeddings)
+    if scann is None:
+      return None
+    scann.removed = removed
+    return scann, metadata
   embeddings = read_embeddings(manager, step)
   if embeddings is None:
     return None
-  if searcher == 'scann':
-    return build_scann(embeddings), metadata
-  return ExactSearcher(embeddings, devices=devices, dtype=search_dtype), metadata
+  return ExactSearcher(embeddings, devices=devices, dtype=search_dtype,
+                       removed=removed), metadata
 
 
 def embed_and_publish(index: ocp.CheckpointManager, step: int,

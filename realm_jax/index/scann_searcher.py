@@ -25,6 +25,8 @@ class ScannSearcher:
 
   def __init__(self, searcher, num_docs: int):
     self._searcher, self.num_docs = searcher, num_docs
+    # Ids never returned: blocks removed from the corpus.
+    self.removed = np.zeros(0, np.int64)
 
   def dispatch(self, query_embeddings, k: int, exclude_ids=None):
     """`search` to run later: ScaNN searches on the host, so all of it is in
@@ -38,12 +40,13 @@ class ScannSearcher:
     queries = np.asarray(query_embeddings, np.float32)
     exclude = (np.full((len(queries), 0), -1, np.int64) if exclude_ids is None
                else np.asarray(exclude_ids).reshape(len(queries), -1))
-    fetch = min(k + exclude.shape[1], self.num_docs)
+    fetch = min(k + exclude.shape[1] + len(self.removed), self.num_docs)
     ids, scores = self._searcher.search_batched(queries,
                                                 final_num_neighbors=fetch)
     ids = np.asarray(ids, np.int64)
     scores = np.asarray(scores, np.float32)
-    keep = ~np.any(ids[:, :, None] == exclude[:, None, :], axis=-1) & (ids >= 0)
+    keep = ~np.any(ids[:, :, None] == exclude[:, None, :], axis=-1) & (
+        ids >= 0) & ~np.isin(ids, self.removed)
     # Stable: kept neighbours stay in ScaNN's order, best first.
     order = np.argsort(~keep, axis=1, kind='stable')[:, :k]
     ids = np.take_along_axis(ids, order, 1)

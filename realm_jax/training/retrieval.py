@@ -110,18 +110,23 @@ class CandidateRetrieval:
       return None
     return publication.read_embeddings(source, source_step)
 
-  def _copy(self, step: int, embeddings, source: str) -> None:
-    """Publishes the warm start's embeddings as our `step`."""
+  def _copy(self, step: int, embeddings, source_dir: str,
+            source_step: int) -> None:
+    """Publishes the warm start's embeddings as our `step`, naming the
+    checkpoint whose towers embedded them (`corpus_sync` reads it)."""
+    metadata = publication.index_metadata(
+        self.corpus_metadata, embeddings, step, 'exact',
+        self.client.block_length)
+    metadata[publication.EMBEDDED_BY] = {'model_dir': source_dir,
+                                         'step': int(source_step)}
     try:
       publication.publish(
           publication.index_manager(run_directory.index_dir(self.model_dir)),
-          step, embeddings, publication.index_metadata(
-              self.corpus_metadata, embeddings, step, 'exact',
-              self.client.block_length))
+          step, embeddings, metadata)
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       pass
-    log.info("index step %d: the warm start's index (%s), embedded by the "
-             'same parameters', step, source)
+    log.info("index step %d: the warm start's index (step %d of %s), "
+             'embedded by the same parameters', step, source_step, source_dir)
 
   def ensure_index(self, step: int, retriever_params,
                    warm_start: tuple[str, int] | None = None) -> None:
@@ -134,8 +139,7 @@ class CandidateRetrieval:
     if distributed.agree(self.client.searcher is None):
       embeddings = warm_start and self._warm_start_embeddings(*warm_start)
       if distributed.everyone(embeddings is not None):
-        self._copy(step, embeddings,
-                   f'step {warm_start[1]} of {warm_start[0]}')
+        self._copy(step, embeddings, *warm_start)
       else:
         self._publish(step, retriever_params)
     self.client.maybe_refresh()
@@ -152,13 +156,13 @@ class CandidateRetrieval:
     if not self.fetch:
       return
     self.client.maybe_refresh(force=True)
-    if distributed.agree(self.client.index_step != step):
+    if distributed.agree(self.client.params_step != step):
       self._publish(step, retriever_params)
       self.client.maybe_refresh(force=True)
-    if self.client.index_step != step:
+    if self.client.params_step != step:
       raise RuntimeError(
-          f'{run_directory.index_dir(self.model_dir)} serves step '
-          f'{self.client.index_step}, not the evaluated step {step}.')
+          f'{run_directory.index_dir(self.model_dir)} serves the index of '
+          f'step {self.client.params_step}, not the evaluated step {step}.')
 
   def blocks_of(self, ids):
     """[B, k] block ids (NULL_DOCUMENT_ID for none) -> their token arrays."""

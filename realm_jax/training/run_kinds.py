@@ -16,6 +16,7 @@ from realm_jax.models.reader import check_answer_rule
 from realm_jax.models.realm import build_realm, model_retriever
 from realm_jax.training import batches, objectives, warm_start
 from realm_jax.training.warm_start import WarmStart
+from tasks import open_qa as open_qa_tasks
 
 
 class RunKind:
@@ -39,6 +40,10 @@ class RunKind:
   def warm_start(self, params) -> WarmStart:
     """Fresh parameters -> where this run starts."""
     return WarmStart(params)
+
+  def retriever(self):
+    """The towers' module; its parameters are the run's 'retriever'."""
+    return model_retriever(self.objective.model)
 
   def batch_preparer(self, model_dir: str, mesh) -> batches.BatchPreparer:
     """The preparer of this run's batches, reading model_dir's indexes."""
@@ -71,6 +76,9 @@ class Ict(RunKind):
   def warm_start(self, params):
     return WarmStart(warm_start.bert(params, self.bert_dir,
                                      self.objective.retriever.config))
+
+  def retriever(self):
+    return self.objective.retriever
 
   def batch_preparer(self, model_dir, mesh):
     del model_dir, mesh  # Nothing is retrieved.
@@ -167,6 +175,17 @@ class Finetune(RunKind):
 
   Attributes:
     benchmark: nq_open, web_questions or curated_trec.
+    qa_file: instead of `benchmark`, any Open-QA file (topics TSV or JSONL:
+      `open_qa.load_file`), registered as a seqio task. A file brings no
+      test set of its own, and a held-out loss over questions the run
+      trains on would measure nothing, so a fixed 5% of its questions (by a
+      hash of their text: `open_qa.held_out`) is held out of training as
+      the split the trainer evaluates; score a test file of your own with
+      `realm-jax eval --qa_file`. `eval` and `ask` rebuild the run, so they
+      read the file at the path bound here.
+    qa_regex: the answers of `qa_file` are regular expressions (scored by
+      regex match, as CuratedTREC's; training reads their wordpieces as
+      it reads CuratedTREC's).
     num_candidates: blocks read per question (5).
     block_length: wordpieces read of each candidate block (None: all).
     pretrain_model_dir: warm start from a pre-training run's last checkpoint
@@ -192,7 +211,8 @@ class Finetune(RunKind):
                ict_model_dir: str | None = None,
                bert_dir: str | None = None, microbatches: int = 1,
                answer_rule: str = 'marginal',
-               retriever_beam_size: int | None = None):
+               retriever_beam_size: int | None = None,
+               qa_file: str | None = None, qa_regex: bool = False):
     if retriever_beam_size is not None and not (
         retriever_beam_size >= num_candidates):
       raise ValueError(f'Finetune.retriever_beam_size={retriever_beam_size}: '
@@ -202,8 +222,15 @@ class Finetune(RunKind):
       raise ValueError('Finetune starts from a pre-training run '
                        '(pretrain_model_dir) or from an ICT retriever '
                        '(ict_model_dir), not both.')
+    if qa_regex and not qa_file:
+      raise ValueError('Finetune.qa_regex says how the answers of '
+                       'Finetune.qa_file match: bind a qa_file too.')
+    task, eval_split = benchmark, 'test'
+    if qa_file:
+      task = open_qa_tasks.register_qa_file(qa_file, qa_regex)
+      eval_split = 'validation'
     super().__init__(
-        benchmark, 'test',
+        task, eval_split,
         {'query_token_ids': (query_length,),
          'answer_token_ids': (max_answers, max_answer_length)},
         corpus_name, block_length,

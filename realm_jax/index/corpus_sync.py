@@ -1,0 +1,106 @@
+"""A run's index brought up to date with its changed corpus.
+
+After `data.corpus_changes` adds or removes articles, a run's newest index no
+longer matches the corpus fingerprint, and every reader refuses it.
+`sync_index` replays the changes made since the index's fingerprint: the
+added blocks alone are embedded, with the towers that embedded the rest
+(the checkpoint of the index's `params_step`, or the run it was copied from),
+appended to the index's rows and published as the next step. That step keeps
+its `params_step`: it is exactly as stale as the index it came from. Removed
+blocks keep their rows; the searchers skip them.
+"""
+
+import logging
+import time
+
+import numpy as np
+from etils import epath
+
+from realm_jax import run_directory
+from realm_jax.data import corpus, corpus_changes
+from realm_jax.index import publication
+from realm_jax.index.embed import DocumentEmbedder, block_arrays
+from realm_jax.index.scann_searcher import build_scann
+
+log = logging.getLogger(__name__)
+
+
+def _document_tower(model_dir: str, metadata: dict) -> dict:
+  """The retriever parameters that embedded an index."""
+  params_step = metadata['params_step']
+  try:
+    return run_directory.restore_params(model_dir, params_step)[1]['retriever']
+  except FileNotFoundError:
+    source = metadata.get(publication.EMBEDDED_BY)
+    if source is None:
+      raise FileNotFoundError(
+          f'{model_dir} no longer keeps checkpoint {params_step}, whose '
+          'towers embedded its index: new blocks cannot be embedded like '
+          'the rest. Embed the whole corpus again (`realm-jax embed`).'
+      ) from None
+  return run_directory.restore_params(source['model_dir'],
+                                      source['step'])[1]['retriever']
+
+
+def sync_index(model_dir: str, corpus_dir: str, retriever,
+               batch_size: int = 64) -> dict | None:
+  """Publishes model_dir's newest index with the corpus's changes since it;
+  returns the new step's metadata ('synced_from' says what was embedded,
+  in how many seconds), None when the index is up to date."""
+  corpus_metadata = corpus.load_metadata(corpus_dir)
+  directory = run_directory.index_dir(model_dir)
+  if not epath.Path(directory).is_dir():
+    raise FileNotFoundError(f'No index under {directory} to bring up to date.')
+  manager = publication.index_manager(directory)
+  steps = run_directory.reload(manager)
+  if not steps:
+    raise FileNotFoundError(f'No index under {directory} to bring up to date.')
+  step = steps[-1]
+  metadata = publication.read_metadata(manager, step)
+  metadata.setdefault('params_step', step)
+  changes = corpus_changes.pending_changes(corpus_metadata,
+                                           metadata['corpus_fingerprint'])
+  if changes is None:
+    raise publication.IndexMismatchError(
+        f'Index {directory}/{step} embeds corpus '
+        f'{metadata["corpus_fingerprint"]}, which {corpus_dir} (corpus '
+        f'{corpus_metadata["corpus_fingerprint"]}) did not change from: '
+        'embed that corpus anew instead.')
+  if not changes:
+    return None
+  embeddings = publication.read_embeddings(manager, step)
+  added = [range(*c['block_ids']) for c in changes if c['change'] == 'add']
+  started = time.perf_counter()
+  rows = [embeddings]
+  if added:
+    embedder = DocumentEmbedder(retriever, batch_size)
+    params = _document_tower(model_dir, metadata)
+    for ids in added:
+      rows.append(np.asarray(embedder(params, block_arrays(
+          corpus_dir, ids.start, ids.stop, metadata['block_length']))))
+  seconds = time.perf_counter() - started
+  embeddings = np.concatenate(rows).astype(embeddings.dtype)
+  if len(embeddings) != corpus_metadata['num_blocks']:
+    raise ValueError(f'{corpus_dir} holds {corpus_metadata["num_blocks"]:,} '
+                     f'blocks; the synced index {len(embeddings):,}.')
+  new = publication.index_metadata(
+      corpus_metadata, embeddings, step + 1, metadata['searcher'],
+      metadata['block_length'], metadata['params_step'])
+  if publication.EMBEDDED_BY in metadata:
+    new[publication.EMBEDDED_BY] = metadata[publication.EMBEDDED_BY]
+  num_added = sum(len(ids) for ids in added)
+  # The lineage: the index it came from, and each change since.
+  new['synced_from'] = {
+      'step': step, 'base_fingerprint': metadata['corpus_fingerprint'],
+      'changes': [{'change': c['change'], 'fingerprint': c['fingerprint'],
+                   'blocks': (c['block_ids'][1] - c['block_ids'][0]
+                              if c['change'] == 'add' else
+                              len(c['block_ids']))} for c in changes],
+      'blocks_embedded': num_added, 'seconds': seconds}
+  publication.publish(manager, step + 1, embeddings, new,
+                      build_scann(embeddings)
+                      if metadata['searcher'] == 'scann' else None)
+  log.info('index step %d: step %d with %d change(s) of %s, %d block(s) '
+           'embedded in %.1f s', step + 1, step, len(changes), corpus_dir,
+           num_added, seconds)
+  return new

@@ -1,0 +1,182 @@
+"""`realm-jax corpus add/remove/sync`: a corpus changed in place, its index
+brought up to date by embedding the added blocks alone."""
+
+import json
+
+import gin
+import jax
+import numpy as np
+import pytest
+from etils import epath
+
+from realm_jax import main, run_directory
+from realm_jax.data import corpus, corpus_changes
+from realm_jax.evaluation.prediction import QAPredictor
+from realm_jax.index import publication
+from realm_jax.index.embed import DocumentEmbedder, block_arrays
+from tests.helpers import ARTICLES
+
+# A fact that no block of ARTICLES holds.
+QUOKKA = {'title': 'Quokka',
+          'text': 'The quokka is a small wallaby that smiles at tourists on '
+                  'Rottnest Island near Perth.'}
+QUESTION = 'which small wallaby smiles at tourists on Rottnest Island?'
+
+
+def _write_jsonl(path, articles):
+  path.write_text(''.join(json.dumps(a) + '\n' for a in articles))
+  return str(path)
+
+
+@pytest.fixture
+def zebra_corpus(tmp_path, tokenizer, monkeypatch):
+  monkeypatch.setenv(corpus.CORPUS_ROOT_ENV, str(tmp_path / 'corpora'))
+  directory = corpus.corpus_dir('wiki_leads')
+  corpus.build_corpus(directory, tokenizer, jsonl_paths=[
+      _write_jsonl(tmp_path / 'articles.jsonl', ARTICLES)])
+  return directory
+
+
+def _blocks(directory):
+  return list(corpus.read_blocks(directory).as_numpy_iterator())
+
+
+@pytest.mark.integration
+def test_added_blocks_are_built_as_build_corpus_builds_them(
+    zebra_corpus, tokenizer, tmp_path):
+  before = corpus.load_metadata(zebra_corpus)
+  extra = _write_jsonl(tmp_path / 'new.jsonl',
+                       [QUOKKA, {'title': 'Empty', 'text': ' '}])
+  metadata, added = corpus_changes.add_articles(zebra_corpus, tokenizer,
+                                                [extra])
+  assert added == range(12, 13) and metadata['num_blocks'] == 13
+  assert corpus.load_metadata(zebra_corpus) == metadata
+  change = metadata['lineage'][-1]
+  assert change['change'] == 'add' and change['block_ids'] == [12, 13]
+  assert change['base_fingerprint'] == before['corpus_fingerprint']
+  assert metadata['corpus_fingerprint'] == change['fingerprint'] != (
+      before['corpus_fingerprint'])
+  assert change['skipped']['empty article'] == 1
+  # The same article built alone gives the same wordpieces.
+  alone = str(tmp_path / 'alone')
+  corpus.build_corpus(alone, tokenizer, jsonl_paths=[
+      _write_jsonl(tmp_path / 'quokka.jsonl', [QUOKKA])])
+  new, reference = _blocks(zebra_corpus)[12], _blocks(alone)[0]
+  assert new['block_id'] == 12 and new['title'] == b'Quokka'
+  for field in ('token_ids', 'title_length', 'body', 'sentence_starts'):
+    np.testing.assert_array_equal(new[field], reference[field])
+  assert corpus_changes.pending_changes(
+      metadata, before['corpus_fingerprint']) == [change]
+  assert corpus_changes.pending_changes(metadata, 'f' * 64) is None
+
+  titles = tmp_path / 'titles.txt'
+  titles.write_text('Animal 3\nNo such title\n')
+  metadata, removed = corpus_changes.remove_titles(zebra_corpus, str(titles))
+  assert removed == [3]
+  assert corpus_changes.removed_ids(metadata).tolist() == [3]
+  assert metadata['lineage'][-1]['titles_not_found'] == ['No such title']
+  assert len(_blocks(zebra_corpus)) == 13  # Ids never change.
+  with pytest.raises(ValueError, match='no block of .* is titled'):
+    corpus_changes.remove_titles(zebra_corpus, str(titles))
+
+
+@pytest.mark.integration
+def test_a_killed_add_leaves_the_corpus_as_it_was(zebra_corpus, tokenizer,
+                                                  tmp_path, monkeypatch):
+  before = corpus.load_metadata(zebra_corpus)
+
+  def killed(*args):
+    raise KeyboardInterrupt
+
+  # Killed as metadata.json is replaced, the last write of a change.
+  monkeypatch.setattr(type(epath.Path(zebra_corpus)), 'replace', killed)
+  with pytest.raises(KeyboardInterrupt):
+    corpus_changes.add_articles(zebra_corpus, tokenizer, [
+        _write_jsonl(tmp_path / 'new.jsonl', [QUOKKA])])
+  assert corpus.load_metadata(zebra_corpus) == before
+  assert len(_blocks(zebra_corpus)) == 12
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_ask_answers_from_an_added_block_until_it_is_removed(
+    zebra_corpus, tmp_path, capsys, monkeypatch):
+  """The check of a living corpus, on MiniLM's towers (a fine-tuning run at
+  its step 0): the added block, whose fact no other block holds, is
+  retrieved first and answers; once removed it is never retrieved. Nothing
+  but the added block is embedded."""
+  model_dir = str(tmp_path / 'finetune')
+  data = tmp_path / 'data' / 'nq_open'
+  data.mkdir(parents=True)
+  (data / 'topics.nq.dev.txt').write_text(f"{QUESTION}\t['quokka']\n")
+  monkeypatch.setenv('REALM_DATA_DIR', str(tmp_path / 'data'))
+  main.main(['train', f'--model_dir={model_dir}',
+             '--gin_file=gin/runs/finetune.gin',
+             '--gin_file=gin/models/minilm_l6.gin',
+             '--gin.train.num_steps=1', '--gin.train.batch_size=8',
+             '--gin.bert_adamw.warmup_steps=0',
+             '--gin.Finetune.query_length=24',
+             '--gin.Finetune.num_candidates=3',
+             '--gin.build_realm.reader_length=96'])
+  index = lambda: publication.index_manager(
+      run_directory.index_dir(model_dir), read_only=True)
+  before = publication.read_embeddings(index(), 0)
+
+  gin.clear_config()
+  main.main(['corpus', 'add', f'--model_dir={model_dir}',
+             f'--jsonl={_write_jsonl(tmp_path / "new.jsonl", [QUOKKA])}'])
+  out = capsys.readouterr().out
+  assert 'blocks 12-12 added' in out and 'index step 1 published' in out
+  assert run_directory.reload(index())[-1] == 1
+  after = publication.read_embeddings(index(), 1)
+  np.testing.assert_array_equal(after[:12], before)  # Not embedded again.
+  metadata = publication.read_metadata(index(), 1)
+  assert metadata['params_step'] == 0
+  assert metadata['synced_from']['step'] == 0
+  assert metadata['synced_from']['base_fingerprint'] == publication.\
+      read_metadata(index(), 0)['corpus_fingerprint']
+  assert [c['change'] for c in metadata['synced_from']['changes']] == ['add']
+  assert metadata['corpus_fingerprint'] == corpus.load_metadata(
+      zebra_corpus)['corpus_fingerprint']
+  # The new row is the embedding of the new block by the towers of step 0,
+  # which embedded the rest, not by those of step 1.
+  run = QAPredictor(model_dir)
+  expected = DocumentEmbedder(run.run.retriever(), 8)(
+      run_directory.restore_params(model_dir, 0)[1]['retriever'],
+      block_arrays(zebra_corpus, 12, 13, metadata['block_length']))
+  np.testing.assert_allclose(after[12], np.asarray(expected)[0], rtol=1e-4,
+                             atol=1e-5)
+
+  result = run.ask(QUESTION)
+  assert result['blocks'][0]['title'] == 'Quokka'
+  best = run.predict(run.query([QUESTION], run.query_length))[0]['answers'][0]
+  assert 12 in best.per_block
+
+  gin.clear_config()
+  (tmp_path / 'titles.txt').write_text('Quokka\n')
+  main.main(['corpus', 'remove', f'--model_dir={model_dir}',
+             f'--titles={tmp_path / "titles.txt"}'])
+  assert 'index step 2 published (0 block(s) embedded in 0.0 s)' in (
+      capsys.readouterr().out)
+  gin.clear_config()
+  run = QAPredictor(model_dir, recall_k=12)  # Every live block.
+  retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
+  assert sorted(retrieved['block_ids']) == list(range(12))
+  assert all(12 not in a.per_block for a in retrieved['answers'])
+  jax.clear_caches()
+
+
+@pytest.mark.integration
+def test_an_index_from_before_a_change_is_refused_naming_both(
+    zebra_corpus, tokenizer, tmp_path):
+  metadata = corpus.load_metadata(zebra_corpus)
+  old = publication.index_metadata(metadata, np.zeros((12, 4), np.float32), 0,
+                                   'exact')
+  changed, _ = corpus_changes.add_articles(zebra_corpus, tokenizer, [
+      _write_jsonl(tmp_path / 'new.jsonl', [QUOKKA])])
+  with pytest.raises(publication.IndexMismatchError) as error:
+    publication.check_compatible(old, changed, 4, 'index/0')
+  message = str(error.value)
+  assert metadata['corpus_fingerprint'] in message
+  assert changed['corpus_fingerprint'] in message
+  assert 'realm-jax corpus sync' in message
