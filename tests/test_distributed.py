@@ -11,15 +11,20 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def stderr_log():
-  """The command line's logging, removed again after the test."""
+  """The command line's logging, removed again after the test (and the one
+  an earlier test's command installed, put back)."""
   root = logging.getLogger()
   before = list(root.handlers)
+  for handler in before:
+    root.removeHandler(handler)
   distributed.log_to_stderr()
   distributed.log_to_stderr()  # Once per process, however often called.
-  added = [h for h in root.handlers if h not in before]
+  added = list(root.handlers)
   yield added
   for handler in added:
     root.removeHandler(handler)
+  for handler in before:
+    root.addHandler(handler)
   logging.getLogger('realm_jax').setLevel(logging.NOTSET)
 
 
