@@ -62,6 +62,11 @@ def test_added_blocks_are_built_as_build_corpus_builds_them(
   corpus.build_corpus(alone, tokenizer, jsonl_paths=[
       _write_jsonl(tmp_path / 'quokka.jsonl', [QUOKKA])])
   new, reference = _blocks(zebra_corpus)[12], _blocks(alone)[0]
+  # From a start id, only the new shard is read, and it holds block 12.
+  assert [int(b['block_id']) for b in corpus.read_blocks(
+      zebra_corpus, 12).as_numpy_iterator()] == [12]
+  assert [int(b['block_id']) for b in corpus.read_blocks(
+      zebra_corpus, 5).as_numpy_iterator()] == list(range(5, 13))
   assert new['block_id'] == 12 and new['title'] == b'Quokka'
   for field in ('token_ids', 'title_length', 'body', 'sentence_starts'):
     np.testing.assert_array_equal(new[field], reference[field])

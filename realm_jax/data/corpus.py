@@ -396,6 +396,13 @@ def shard_paths(corpus_dir: str) -> list[str]:
           for s in load_metadata(corpus_dir)['shards']]
 
 
-def read_blocks(corpus_dir: str) -> tf.data.Dataset:
-  """Every block in id order."""
-  return tf.data.TFRecordDataset(shard_paths(corpus_dir)).map(parse_block)
+def read_blocks(corpus_dir: str, start: int = 0) -> tf.data.Dataset:
+  """Every block in id order, from block `start` on: only the shards that
+  hold those are opened (blocks added to a large corpus, say)."""
+  paths, first = [], 0
+  for shard in load_metadata(corpus_dir)['shards']:
+    if first + shard['num_blocks'] <= start and not paths:
+      first += shard['num_blocks']
+      continue
+    paths.append(os.path.join(corpus_dir, shard['path']))
+  return tf.data.TFRecordDataset(paths).skip(start - first).map(parse_block)

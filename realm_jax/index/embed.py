@@ -29,7 +29,7 @@ def block_arrays(corpus_dir: str, start: int = 0, stop: int | None = None,
   length = max_length or meta['max_block_length']
   arrays = {k: np.zeros((stop - start, length), np.int32)
             for k in ('token_ids', 'token_type_ids', 'input_mask')}
-  blocks = corpus.read_blocks(corpus_dir).skip(start).take(stop - start)
+  blocks = corpus.read_blocks(corpus_dir, start).take(stop - start)
   for row, block in enumerate(blocks.as_numpy_iterator()):
     ids = block['token_ids']
     if len(ids) > length:  # Cut, but still closed by its [SEP].
