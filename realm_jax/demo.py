@@ -20,7 +20,9 @@ bootstrap 95% interval (see `evaluation.bootstrap`):
 `reproduce` adds the paper's Table 2 rows in miniature: the 30x stale index
 and random-span masking (each pre-trained like REALM), and NQ fine-tuning
 from REALM and from ORQA (the ICT retriever with a BERT reader), scored on
-NQ, WebQuestions and CuratedTREC.
+NQ, WebQuestions and CuratedTREC. `end_to_end` adds to the demo's stages
+NQ fine-tuning from REALM twice: with the document tower frozen (the
+paper's) and trained, with the index builder beside it (EMDR2, Atlas).
 
 Each finished stage leaves work_dir/stages/<stage>.json (its wall time and
 results), so a re-run skips it; the training stages also resume from their
@@ -70,6 +72,8 @@ class Preset:
   refresh_interval: int
   finetune_steps: int = 0
   ablations: bool = False  # The stale, random-span and ORQA rows.
+  # NQ fine-tuning from REALM with the document tower frozen and trained.
+  end_to_end: bool = False
 
 
 PRESETS = {
@@ -78,6 +82,11 @@ PRESETS = {
     'reproduce': Preset(ict_steps=100, reader_steps=300, pretrain_steps=300,
                         refresh_interval=20, finetune_steps=200,
                         ablations=True),
+    # The demo's stages (a work_dir `make demo` filled is reused), then
+    # fine-tuning.
+    'end_to_end': Preset(ict_steps=40, reader_steps=100, pretrain_steps=100,
+                         refresh_interval=10, finetune_steps=200,
+                         end_to_end=True),
 }
 
 
@@ -207,6 +216,11 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
               refresh_timeout=600)
   else:
     _train(model_dir, 'pretrain', *flags)
+  return _freshness(model_dir, with_refresh)
+
+
+def _freshness(model_dir: str, with_refresh: bool = True) -> dict:
+  """How stale the indexes a run read were, and which it kept."""
   _, staleness = curves.read_metrics(os.path.join(
       model_dir, 'train_metrics.jsonl')).get('index_staleness', ([], []))
   return {'index_steps_kept': run_directory.reload(publication.index_manager(
@@ -223,23 +237,39 @@ def score_masked_lm(model_dir: str, output_dir: str, name: str) -> dict:
   return masked_lm.evaluate(model_dir, output_dir, name)
 
 
-def finetune(model_dir: str, num_steps: int, warm_start: str) -> None:
+def finetune(model_dir: str, num_steps: int, warm_start: str,
+             refresh_interval: int | None = None) -> dict:
   """NQ fine-tuning; `warm_start` binds Finetune.pretrain_model_dir (REALM)
-  or Finetune.ict_model_dir (ORQA)."""
-  _train(model_dir, 'finetune', f'--gin.train.num_steps={num_steps}',
-         '--gin.train.batch_size=8', f'--gin.Finetune.{warm_start}',
-         # `[CLS] question [SEP] block [SEP]`: questions are short.
-         '--gin.build_realm.reader_length=96', '--gin.train.eval_every=0',
-         f'--gin.train.checkpoint_every={num_steps}',
-         f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
-         '--gin.bert_adamw.learning_rate=5e-5')
+  or Finetune.ict_model_dir (ORQA). With a `refresh_interval` the document
+  tower trains too, and the index builder beside the trainer re-embeds a
+  checkpoint every `refresh_interval` steps, as in pre-training."""
+  flags = [f'--gin.train.num_steps={num_steps}', '--gin.train.batch_size=8',
+           f'--gin.Finetune.{warm_start}',
+           # `[CLS] question [SEP] block [SEP]`: questions are short.
+           '--gin.build_realm.reader_length=96', '--gin.train.eval_every=0',
+           f'--gin.train.checkpoint_every={refresh_interval or num_steps}',
+           f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
+           '--gin.bert_adamw.learning_rate=5e-5']
+  if refresh_interval is None:
+    _train(model_dir, 'finetune', *flags)
+    return {}
+  flags += ['--gin.Finetune.train_document_tower=True',
+            f'--gin.run_refresh.refresh_interval_steps={refresh_interval}']
+  local.run(model_dir,
+            train_args=['--gin_file=gin/runs/finetune.gin',
+                        '--gin_file=gin/runs/eval.gin',
+                        f'--gin_file={SETUP}', *flags],
+            refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1',
+                          flags[-1]],
+            refresh_timeout=600)
+  return _freshness(model_dir)
 
 
-def qa(model_dir: str, output_dir: str) -> dict:
+def qa(model_dir: str, output_dir: str, tasks=QA_TASKS) -> dict:
   # The fine-tuning run's own config.gin says it all (its reader length).
   predictor = qa_evaluation.QAPredictor(model_dir, top_spans=4)
   return {task: qa_evaluation.evaluate(predictor, task, output_dir,
-                                       batch_size=64) for task in QA_TASKS}
+                                       batch_size=64) for task in tasks}
 
 
 def _qa_data() -> str | None:
@@ -285,6 +315,22 @@ def _em_comparisons(eval_dir: str, a: str, b: str) -> dict:
     out[task] = {'em': qa_evaluation.compare(rows_a, rows_b, 'correct'),
                  'em_answer_in_corpus': qa_evaluation.compare(
                      rows_a, rows_b, 'correct', answer_in_corpus_only=True)}
+  return out
+
+
+def _end_to_end_comparisons(eval_dir: str) -> dict:
+  """NQ EM and recall@5, document tower trained vs frozen; and each
+  fine-tuned retriever's recall@5 against REALM's before fine-tuning."""
+  rows = lambda name: qa_evaluation.read_predictions(
+      os.path.join(eval_dir, name), 'nq_open')
+  trained, frozen = rows('qa_realm_end_to_end'), rows('qa_realm')
+  out = {f'{metric}{subset}': qa_evaluation.compare(
+      trained, frozen, field, answer_in_corpus_only=bool(subset))
+         for metric, field in (('em', 'correct'),
+                               ('recall@5', 'answer_in_top_k'))
+         for subset in ('', '_answer_in_corpus')}
+  out.update(_recall_comparisons(eval_dir, [('qa_realm', 'realm'),
+                                            ('qa_realm_end_to_end', 'realm')]))
   return out
 
 
@@ -344,6 +390,16 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
       results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
                                     d(f'eval/qa_{name}'))
     comparisons['em'] = _em_comparisons(d('eval'), 'qa_realm', 'qa_orqa')
+  if has_qa and sizes.end_to_end:
+    for name, interval in (('realm', None),
+                           ('realm_end_to_end', sizes.refresh_interval)):
+      results[f'finetune_{name}'] = stage(
+          f'finetune_{name}', finetune, d(f'finetune_{name}'),
+          sizes.finetune_steps, f'pretrain_model_dir="{d("realm")}"',
+          interval)
+      results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
+                                    d(f'eval/qa_{name}'), ('nq_open',))
+    comparisons['end_to_end'] = _end_to_end_comparisons(d('eval'))
   results['comparisons'] = comparisons
   results['timings'] = timings
   report(results, work_dir)
@@ -480,11 +536,14 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
                c('em', task, 'em'), paper),
           _row(f'{task} EM (%), answer in the corpus: REALM vs ORQA',
                c('em', task, 'em_answer_in_corpus'), paper)]
-  lines += ['', '## Index freshness during pre-training', '',
+  if sizes.get('end_to_end'):
+    lines += _end_to_end_markdown(results, sizes)
+  lines += ['', '## Index freshness, with the builder beside the trainer', '',
             '| run | mean staleness (steps) | max | indexes kept |',
             '|---|---|---|---|']
-  for name in ('realm', 'stale', 'random_span'):
-    row = results.get(f'pretrain_{name}')
+  for name in ('pretrain_realm', 'pretrain_stale', 'pretrain_random_span',
+               'finetune_realm_end_to_end'):
+    row = results.get(name)
     if row:
       lines.append(f'| {name} | {_f(row.get("mean_index_staleness"))} | '
                    f'{_f(row.get("max_index_staleness"), 0)} | '
@@ -502,6 +561,44 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
   lines += [f'| {k} | {v:.0f} |' for k, v in timings.items()]
   lines += [f'| total | {sum(timings.values()):.0f} |', '']
   return '\n'.join(lines)
+
+
+def _end_to_end_markdown(results: dict, sizes: dict) -> list[str]:
+  """The end-to-end section: trained vs frozen document tower, and its
+  cost."""
+  c = lambda *keys: _dig(results, 'comparisons', 'end_to_end', *keys)
+  minutes = lambda name: _f(_dig(results, 'timings', name) and
+                            results['timings'][name] / 60)
+  steps, interval = sizes.get('finetune_steps'), sizes.get('refresh_interval')
+  paper = 'not run (the paper freezes it)'
+  return [
+      '', '## End-to-end fine-tuning: the document tower trained', '',
+      f'NQ fine-tuning from REALM, {steps} steps of batch 8, twice: with the '
+      'document tower frozen and the index the run started with (the '
+      "paper's, ORQA's), and with the document tower trained and the index "
+      f'builder re-embedding a checkpoint every {interval} steps beside the '
+      'trainer (EMDR2, Atlas). Each is scored with its own index of its '
+      'last step on all NQ questions.', '',
+      '| comparison | A | B | A - B [95% interval] | paper | verdict |',
+      '|---|---|---|---|---|---|',
+      _row('NQ EM (%), all questions: trained vs frozen document tower',
+           c('em'), paper),
+      _row('NQ EM (%), answer in the corpus: trained vs frozen',
+           c('em_answer_in_corpus'), paper),
+      _row('NQ recall@5 (%), all questions: trained vs frozen',
+           c('recall@5'), paper),
+      _row('NQ recall@5 (%), answer in the corpus: trained vs frozen',
+           c('recall@5_answer_in_corpus'), paper),
+      _row('NQ recall@5 (%), answer in the corpus: frozen fine-tuned vs '
+           'REALM before fine-tuning', c('qa_realm_vs_realm',
+                                         'recall@5_answer_in_corpus'), ''),
+      _row('NQ recall@5 (%), answer in the corpus: trained fine-tuned vs '
+           'REALM before fine-tuning',
+           c('qa_realm_end_to_end_vs_realm', 'recall@5_answer_in_corpus'),
+           ''),
+      '', f'Cost: {minutes("finetune_realm")} minutes frozen, '
+      f'{minutes("finetune_realm_end_to_end")} minutes trained (the builder '
+      'beside the trainer on the same cores).']
 
 
 def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:

@@ -51,6 +51,8 @@ NQ_TEST = [('what animal has black and white stripes?', ['Zebra']),
            ('which animal lives in park 3?', ['zebra.']),
            ('what is the tallest animal?', ['giraffe']),
            ('what do zebras have?', ['stripes'])]
+TREC_TEST = [('what animal is striped?', 'zeb.a'),
+             ('name a tall animal', 'giraffe|okapi')]
 
 DIM = 128  # tiny.gin's projection.
 

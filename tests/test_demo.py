@@ -43,12 +43,37 @@ def test_results_table_states_every_interval_and_what_did_not_run():
   # The null-document rows were not scored and recall needs the QA data:
   # those rows say they did not run.
   assert text.count('| not run |') == 4
-  assert '| realm | 12.5 | 30 | [90] |' in text
+  assert '| pretrain_realm | 12.5 | 30 | [90] |' in text
   assert 'AMD EPYC, 2 cores' in text and '150.0 GFLOP/s' in text
   assert '| total | 290 |' in text and '13,353,718' in text
   assert 'REALM minus ICT' in text
   # No run saved a config: the settings say they are unknown.
   assert 'the first ? layers' in text and 'steps of batch ?;' in text
+
+
+def test_the_end_to_end_section_states_both_towers_and_the_cost():
+  recall = {'recall@5_answer_in_corpus': _interval(15.0, 18.0)}
+  results = {
+      'preset': 'end_to_end',
+      'sizes': {'finetune_steps': 200, 'refresh_interval': 10,
+                'end_to_end': True},
+      'comparisons': {'end_to_end': {
+          'em': _interval(1.5, 1.0), 'em_answer_in_corpus': _interval(3.0, 2.0),
+          'recall@5': _interval(8.0, 6.0),
+          'recall@5_answer_in_corpus': _interval(18.0, 14.0),
+          'qa_realm_vs_realm': recall,
+          'qa_realm_end_to_end_vs_realm': recall}},
+      'finetune_realm_end_to_end': {'mean_index_staleness': 14.0,
+                                    'max_index_staleness': 25,
+                                    'index_steps_kept': [180, 200]},
+      'timings': {'finetune_realm': 240.0, 'finetune_realm_end_to_end': 900.0}}
+  text = demo.markdown(results, {})
+  assert 'a checkpoint every 10 steps beside the trainer' in text
+  assert ('| NQ recall@5 (%), answer in the corpus: trained vs frozen | 18.00 '
+          '| 14.00 | +4.00 [+3.00, +5.00] |') in text
+  assert text.count('not run (the paper freezes it)') == 4
+  assert 'Cost: 4.0 minutes frozen, 15.0 minutes trained' in text
+  assert '| finetune_realm_end_to_end | 14.0 | 25 | [180, 200] |' in text
 
 
 # A saved operative config as gin writes it: macros first, then parameters.

@@ -10,37 +10,13 @@ import numpy as np
 import pytest
 
 from realm_jax import main
-from realm_jax.data import answer_matching, corpus
+from realm_jax.data import answer_matching
 from realm_jax.evaluation import qa_evaluation
 from realm_jax.evaluation.answers import BlockTexts, answers_of
 from realm_jax.training import run_loader
 from tasks import open_qa as open_qa_tasks
-from tests.helpers import ARTICLES, NQ_TEST, finetuned
+from tests.helpers import ARTICLES, NQ_TEST, TREC_TEST, finetuned
 
-TREC_TEST = [('what animal is striped?', 'zeb.a'),
-             ('name a tall animal', 'giraffe|okapi')]
-
-
-@pytest.fixture
-def zebra(tmp_path, tokenizer, monkeypatch):
-  """A 12-block corpus as `wiki_leads` and a QA data dir of known answers."""
-  source = tmp_path / 'articles.jsonl'
-  source.write_text(''.join(json.dumps(a) + '\n' for a in ARTICLES))
-  corpus.build_corpus(str(tmp_path / 'corpora' / 'wiki_leads'), tokenizer,
-                      jsonl_paths=[str(source)])
-  data = tmp_path / 'data'
-  (data / 'nq_open').mkdir(parents=True)
-  (data / 'nq_open' / 'topics.nq.dev.txt').write_text(''.join(
-      f'{q}\t{a!r}\n' for q, a in NQ_TEST))
-  (data / 'nq_open' / 'NQ-open.dev.jsonl').write_text(''.join(
-      json.dumps({'question': q, 'answer': a}) + '\n' for q, a in NQ_TEST))
-  (data / 'curated_trec').mkdir()
-  for split in ('train', 'test'):
-    (data / 'curated_trec' / f'large2180-{split}.tsv').write_text(''.join(
-        f'{i}\tfactoid\t{q}\t{a}\n' for i, (q, a) in enumerate(TREC_TEST)))
-  monkeypatch.setenv('REALM_CORPUS_DIR', str(tmp_path / 'corpora'))
-  monkeypatch.setenv('REALM_DATA_DIR', str(data))
-  return tmp_path
 
 
 def _flat_reader(predictor):

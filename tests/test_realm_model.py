@@ -15,7 +15,7 @@ from realm_jax.models import reader as reader_lib
 from realm_jax.models.bert import Bert
 from realm_jax.models.realm import Realm
 from realm_jax.models.retriever import Retriever, init_retriever_params
-from realm_jax.training import batches
+from realm_jax.training import batches, objectives
 
 pytestmark = pytest.mark.unit
 
@@ -147,6 +147,58 @@ def test_realm_outputs(tiny_config):
                   method=lambda m, *a: m.retriever.embed_query(*a))
   np.testing.assert_allclose(qa_scores, np.einsum('bd,bkd->bk', q, frozen),
                              rtol=1e-5)
+
+
+@pytest.mark.parametrize('train_document_tower', [False, True])
+def test_end_to_end_fine_tuning_trains_the_document_tower(
+    tiny_config, train_document_tower):
+  """Trained, the candidates are scored by the document tower's embeddings
+  of their wordpieces, and the loss's gradient reaches that tower; frozen
+  (the paper), by the index's embeddings, and it does not."""
+  rng = np.random.default_rng(3)
+  model = Realm(tiny_config, tiny_config, projection_size=16,
+                reader_length=16, max_span_width=3, share_towers=False)
+  objective = objectives.SpanQa(model, query_length=6, max_answers=2,
+                                max_answer_length=2, num_candidates=3,
+                                block_length=8,
+                                train_document_tower=train_document_tower)
+  params = nn.meta.unbox(objective.init(jax.random.key(0)))
+  query = _tokens(rng, (2, 6))
+  query['token_type_ids'][:] = 0
+  candidates = _tokens(rng, (2, 3, 8), length=7)
+  documents = model.apply(
+      {'params': params}, *candidates.values(),
+      method=lambda m, *a: m.retriever.embed_documents(*a))
+  # Candidate 0's body, before its [SEP].
+  answers = candidates['token_ids'][:, 0, 4:6][:, None].repeat(2, axis=1)
+  inputs = {'query': query, 'candidates': candidates,
+            'candidate_mask': np.ones((2, 3), bool),
+            'answer_token_ids': answers,
+            'answer_mask': (answers > 0).astype(np.int32)}
+  abstract = objective.abstract_inputs(2, 8)
+  assert ('candidate_embeddings' in abstract) != train_document_tower
+  if not train_document_tower:
+    # The index's embeddings, here those of the tower before it moved.
+    inputs['candidate_embeddings'] = np.asarray(documents)
+  loss = lambda p: objective.loss(p, inputs, jax.random.key(1), True)[0]
+  # The answer is in some candidates, not all: p(z|x) has a gradient.
+  assert 0 < objective.loss(params, inputs, jax.random.key(1), True)[1][
+      'answer_recall']
+  fresh = model.apply({'params': params}, query, candidates, None,
+                      method='read_spans')[0]
+  indexed = model.apply({'params': params}, query, candidates, documents,
+                        method='read_spans')[0]
+  np.testing.assert_allclose(fresh, indexed, rtol=1e-5, atol=1e-6)
+
+  grads = jax.jit(jax.grad(loss))(params)['retriever']
+  tower = lambda tree: jax.tree.leaves(tree['document_embedder'])
+  reached = max(float(jnp.abs(g).max()) for g in tower(grads))
+  assert (reached > 0) == train_document_tower
+  assert all(float(jnp.abs(g).max()) > 0
+             for g in jax.tree.leaves(grads['query_embedder']['projection']))
+  frozen = objective.frozen(params)['retriever']
+  assert all(tower(frozen)) != train_document_tower
+  assert not any(jax.tree.leaves(frozen['query_embedder']))
 
 
 def _projected_and_normed(pooled, params, eps):

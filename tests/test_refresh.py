@@ -1,6 +1,7 @@
 """The trainer/index-builder hand-over, with the real `realm-jax refresh` process."""
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -17,7 +19,9 @@ from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
 from realm_jax.index.refresh import IndexBuilder, due_step
 from realm_jax.index.embed import DocumentEmbedder, block_arrays
-from tests.helpers import TrainerStandIn, tiny_retriever
+from realm_jax.evaluation import qa_evaluation
+from tests.helpers import (TINY, BuilderStandIn, TrainerStandIn,
+                           tiny_retriever, train_tiny)
 
 pytestmark = pytest.mark.integration
 
@@ -268,6 +272,30 @@ def tiny_gin():
   gin.parse_config_file(TINY_GIN)
 
 
+def test_a_step_the_trainer_published_first_is_left_as_it_is(
+    dirs, tiny_gin, monkeypatch):
+  """A run's first index: the trainer publishes it while the builder embeds
+  the same checkpoint; the builder keeps the trainer's and goes on."""
+  model_dir, corpus_dir = dirs
+  trainer = TrainerStandIn(model_dir, corpus_dir)
+  trainer.save(0)
+  builder = IndexBuilder(model_dir, corpus_dir)
+  first = BuilderStandIn(model_dir, corpus_dir)
+  embed_and_publish = publication.embed_and_publish
+
+  def trainer_first(*args, **kwargs):
+    first.publish()  # Step 0, every embedding 0.
+    return embed_and_publish(*args, **kwargs)
+  monkeypatch.setattr(publication, 'embed_and_publish', trainer_first)
+  assert builder.poll() == 'waiting'
+  assert builder.last == 0 and builder.published == 0
+  monkeypatch.setattr(publication, 'embed_and_publish', embed_and_publish)
+  np.testing.assert_array_equal(
+      publication.read_embeddings(builder.index, 0), 0)
+  trainer.save(1)
+  assert builder.poll() == 'published' and builder.last == 1
+
+
 @pytest.mark.slow
 def test_a_30x_stale_builder_serves_indexes_30x_staler(dirs, tmp_path,
                                                        tiny_gin):
@@ -297,3 +325,42 @@ def test_scann_indexes_are_published_and_loaded(dirs):
   assert client.maybe_refresh()
   _, ids = client.search(embeddings[:2] * 5, 1)
   np.testing.assert_array_equal(ids[:, 0], [0, 1])
+
+
+@pytest.mark.slow
+def test_end_to_end_finetuning_reads_the_builders_indexes(zebra):
+  """The document tower trains (its own, the towers unshared), the builder
+  beside the trainer re-embeds its checkpoints until it is done, and `eval`
+  scores with the index of the evaluated step."""
+  model_dir = str(zebra / 'finetune')
+  model = [f for f in TINY if f.startswith(('--gin_file', '--gin.BertConfig',
+                                            '--gin.build_realm'))]
+  model += ['--gin.build_realm.share_towers=False']
+  builder = subprocess.Popen(
+      [sys.executable, '-m', 'realm_jax.main', 'refresh',
+       f'--model_dir={model_dir}', '--poll_seconds=0.2', *model,
+       '--gin.run_refresh.refresh_interval_steps=2'],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    train_tiny(model_dir, 'finetune', *model, "--gin.Finetune.bert_dir=''",
+               '--gin.Finetune.query_length=16', '--gin.train.num_steps=6',
+               '--gin.train.checkpoint_every=2',
+               '--gin.train.keep_checkpoints=4',
+               '--gin.Finetune.train_document_tower=True')
+    builder.wait(timeout=180)
+  finally:
+    builder.kill()
+  log = builder.stdout.read()
+  assert builder.returncode == 0, log
+  assert 'published index step 6' in log and 'training done' in log, log
+  rows = [json.loads(line) for line in
+          open(os.path.join(model_dir, 'train_metrics.jsonl'))]
+  assert all(row['index_staleness'] >= 0 for row in rows if row['step'])
+
+  manager = run_directory.trainer_checkpoints(model_dir)
+  tower = lambda step: jax.tree.leaves(run_directory.restore_retriever_params(
+      manager, step)['document_embedder'])
+  assert any(not np.array_equal(a, b) for a, b in zip(tower(0), tower(6)))
+  predictor = qa_evaluation.QAPredictor(model_dir)
+  assert predictor.retrieval.client.params_step == 6
+  assert predictor.retrieval.client.index_step == 6

@@ -21,6 +21,7 @@ from realm_jax.evaluation.t5x_adapter import (RealmQAModel, best_answers,
                                               top_k_inner_products)
 from realm_jax.index.exact import exact_search
 from realm_jax.training.batches import token_arrays
+from tasks import open_qa as open_qa_tasks
 from tests import helpers
 
 EMPTY = inspect.Parameter.empty
@@ -218,18 +219,23 @@ def _register_scored_task():
       metric_fns=[metrics.exact_match, _target_found, _mean_p_answer])
 
 
+def _evaluator(qa_model, task: str) -> seqio.Evaluator:
+  """t5x's eval.py: an InferenceEvaluator over the task's test split."""
+  return seqio.Evaluator(
+      mixture_or_task_name=task,
+      feature_converter=qa_model.FEATURE_CONVERTER_CLS(pack=False),
+      eval_split='test', use_cached=False, seed=42,
+      sequence_length=qa_model.task_feature_lengths, use_memory_cache=True,
+      logger_cls=())
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_seqio_evaluator_driven_as_t5x_eval_scores_known_answers(
     qa_model, monkeypatch):
   _register_scored_task()
-  # t5x's eval.py: InferenceEvaluator, then model loading, then evaluate.
-  evaluator = seqio.Evaluator(
-      mixture_or_task_name=SCORED_TASK,
-      feature_converter=qa_model.FEATURE_CONVERTER_CLS(pack=False),
-      eval_split='test', use_cached=False, seed=42,
-      sequence_length=qa_model.task_feature_lengths, use_memory_cache=True,
-      logger_cls=())
+  # t5x's eval.py: the evaluator, then model loading, then evaluate.
+  evaluator = _evaluator(qa_model, SCORED_TASK)
   assert evaluator.model_feature_shapes == {
       'query_token_ids': (16,), 'answer_token_ids': (8, 16), 'targets': (16,)}
   params = _flat_reader(qa_model.params)
@@ -286,6 +292,27 @@ def test_seqio_evaluator_driven_as_t5x_eval_scores_known_answers(
   monkeypatch.setattr(qa_model.predictor, 'params', params)
   assert [r['answers'][0].text for r in qa_model.predictor.predict(query)] == [
       'Zebra'] * 4
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_task_of_the_users_own_file_is_scored_as_t5x_eval_would(
+    qa_model, tmp_path):
+  """The same questions from a topics TSV of one's own: `register_qa_file`
+  makes a seqio task, which the Evaluator scores as it scores nq_open."""
+  path = tmp_path / 'zebra_questions.tsv'
+  path.write_text(''.join(f'{q}\t{a!r}\n' for q, a in helpers.NQ_TEST))
+  task = open_qa_tasks.register_qa_file(str(path))
+  evaluator = _evaluator(qa_model, task)
+  future, outputs = evaluator.evaluate(
+      compute_metrics=True, step=0,
+      predict_fn=functools.partial(_infer_fn(qa_model.predict_batch, 3),
+                                   params=_flat_reader(qa_model.params),
+                                   rng=jax.random.PRNGKey(0)),
+      score_fn=None)
+  assert future.result()[task]['exact_match'] == 50.0  # As nq_open's.
+  assert [qa_model.output_vocabulary.decode(p) for p in
+          outputs[task][ModelOutputType.PREDICTION]] == ['zebra'] * 4
 
 
 @pytest.mark.integration

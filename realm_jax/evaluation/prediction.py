@@ -215,9 +215,10 @@ class QAPredictor(RestoredRun):
   """Open-QA with provenance: answers of a fine-tuning run, or the top blocks
   alone of any run (ICT, pre-training, fine-tuning).
 
-  A fine-tuning run reads with the index it trained with (its document
-  embeddings are frozen). Any other run is a retriever under evaluation: it
-  searches the index of its own step, embedded now if none was published.
+  A fine-tuning run with its document tower frozen reads with the index it
+  trained with. Any other run (one that trained its document tower too) is
+  a retriever under evaluation: it searches the index of its own step,
+  embedded now if none was published.
   """
 
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
@@ -235,7 +236,10 @@ class QAPredictor(RestoredRun):
     if self.reads:
       self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
       self.retrieval = self.preparer.retrieval
-      self.retrieval.client.maybe_refresh()
+      if self.run.objective.train_document_tower:
+        self.retrieval.index_at(self.step, self.params['retriever'])
+      else:
+        self.retrieval.client.maybe_refresh()
       self.num_candidates = self.run.objective.num_candidates
       self._read = jax.jit(functools.partial(
           read_answers, self.run.objective.model, top_spans=top_spans))

@@ -8,13 +8,15 @@ step. The builder alone sets how fresh the trainer's index is: the trainer
 swaps in each index at its next step (see `client`). It exits when the
 trainer marks training done and the last step is published. A checkpoint the
 trainer prunes while it is listed or read is skipped (see `run_directory`),
-never fatal.
+and a step the trainer published first (its first index) is left as it is:
+neither is fatal.
 """
 
 import logging
 import time
 
 import gin
+import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed, run_directory
@@ -69,8 +71,15 @@ class IndexBuilder:
       params = run_directory.restore_retriever_params(self.checkpoints, due)
       if not distributed.everyone(params is not None):
         return 'waiting'
-      publication.embed_and_publish(self.index, due, self.embedder, params, self.arrays,
-                        self.corpus_metadata, self.searcher)
+      try:
+        publication.embed_and_publish(self.index, due, self.embedder, params,
+                                      self.arrays, self.corpus_metadata,
+                                      self.searcher)
+      except ocp.checkpoint_manager.StepAlreadyExistsError:
+        # The trainer published its first index meanwhile: the same step.
+        log.info('index step %d: published by the trainer first', due)
+        self.last = due
+        return 'waiting'
       self.last, self.published = due, self.published + 1
       return 'published'
     return 'done' if distributed.agree(done) else 'waiting'

@@ -83,23 +83,26 @@ class Realm(nn.Module):
         self.reader_inputs(query, candidates), mlm_positions, deterministic)
     return scores, logits
 
-  def read_spans(self, query, candidates, candidate_embeddings,
+  def read_spans(self, query, candidates, candidate_embeddings=None,
                  deterministic=True):
-    """Open-QA with frozen document embeddings (taken from the index).
-
-    `candidate_embeddings` [batch, n, D], n >= k: the k candidates' first,
-    then any more blocks scored but not read (ORQA's retriever beam).
-    Returns (f(x, z) / tau [batch, n], span logits [batch, k, L, W], the
+    """Open-QA: (f(x, z) / tau [batch, n], span logits [batch, k, L, W], the
     reader inputs, whose `block_mask` locates z for span masks and gold
     spans).
+
+    `candidate_embeddings` [batch, n, D], n >= k: the document embeddings
+    of the index, frozen (ORQA, the paper's fine-tuning): the k candidates'
+    first, then any more blocks scored but not read (ORQA's retriever
+    beam). None embeds the k candidates afresh with the document tower, so
+    that it trains too (end-to-end fine-tuning: EMDR2, Atlas).
     """
-    query_embedding = self.retriever.embed_query(
-        query['token_ids'], query['input_mask'], query['token_type_ids'],
-        deterministic)
     inputs = self.reader_inputs(query, candidates)
-    return (relevance(query_embedding, candidate_embeddings)
-            / self.retrieval_temperature,
-            self.reader.span_logits(inputs, deterministic), inputs)
+    if candidate_embeddings is None:
+      scores = self.relevance(query, candidates, deterministic)
+    else:
+      scores = relevance(self.retriever.embed_query(
+          query['token_ids'], query['input_mask'], query['token_type_ids'],
+          deterministic), candidate_embeddings) / self.retrieval_temperature
+    return scores, self.reader.span_logits(inputs, deterministic), inputs
 
   def __call__(self, query, candidates, mlm_positions, deterministic=True):
     """Every parameter, for init: both towers and both reader heads."""

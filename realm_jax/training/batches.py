@@ -85,26 +85,39 @@ class InverseClozeBatches(BatchPreparer):
 
 
 class _RetrievingBatches(BatchPreparer):
-  """Shared by the kinds that read retrieved blocks."""
+  """Shared by the kinds that read retrieved blocks.
+
+  `refreshed`: the index builder re-embeds this run's checkpoints beside
+  it; the run swaps in each index it publishes and marks training done
+  when it ends, so that the builder stops.
+  """
 
   def __init__(self, model_dir: str, mesh, objective, task: str,
                corpus_name: str, null_document_first: bool,
-               exclude_source: bool):
-    self.model_dir, self.task = model_dir, task
+               exclude_source: bool, refreshed: bool):
+    self.model_dir, self.task, self.refreshed = model_dir, task, refreshed
     self.tokenizer = task_tokenizer(task)
     self.retrieval = corpus_retrieval(
         model_dir, mesh, model_retriever(objective.model), self.tokenizer,
         corpus_name, objective.num_candidates, null_document_first,
         exclude_source, objective.block_length)
+    self.retrieval.client.follow = refreshed
 
   def query(self, examples) -> dict:
     return token_arrays(examples['query_token_ids'])
 
   def start(self, params, step, warm_index=None):
+    if self.refreshed:
+      # A resumed or extended run: the index builder must keep going.
+      run_directory.clear_training_done(self.model_dir)
     if not self.retrieval.fetch:
       return  # The null document alone: no index to read.
     self.retrieval.ensure_index(step, params['retriever'],
                                 warm_index if step == 0 else None)
+
+  def finish(self):
+    if self.refreshed:
+      run_directory.mark_training_done(self.model_dir)
 
 
 class MaskedLmBatches(_RetrievingBatches):
@@ -117,7 +130,7 @@ class MaskedLmBatches(_RetrievingBatches):
                task: str, corpus_name: str, null_document: bool,
                exclude_source: bool, source_block_rate: float = 0.0):
     super().__init__(model_dir, mesh, objective, task, corpus_name,
-                     null_document, exclude_source)
+                     null_document, exclude_source, refreshed=True)
     self.source_block_rate = source_block_rate
 
   def dispatch_prepare(self, examples, params, step):
@@ -150,14 +163,6 @@ class MaskedLmBatches(_RetrievingBatches):
               'mlm_mask': (targets != 0).astype(np.int32)}, host_metrics
     return host_part
 
-  def start(self, params, step, warm_index=None):
-    # A resumed or extended run: the index builder must keep going.
-    run_directory.clear_training_done(self.model_dir)
-    super().start(params, step, warm_index)
-
-  def finish(self):
-    run_directory.mark_training_done(self.model_dir)
-
 
 def blocks_holding_answers(token_ids, searchable, answer_ids):
   """[B, n] whether block (b, j)'s searchable wordpieces hold one of example
@@ -185,30 +190,34 @@ def blocks_holding_answers(token_ids, searchable, answer_ids):
 
 
 class OpenQaBatches(_RetrievingBatches):
-  """Open-QA: questions, their top-k blocks from the index fine-tuning
-  started with (never refreshed: the document tower is frozen), and those
-  blocks' embeddings from that index; with a retriever beam (ORQA's top
-  n >= k), the n blocks' embeddings and which of them hold an answer."""
+  """Open-QA: questions and their top-k blocks. With the document tower
+  frozen (the paper), from the index fine-tuning started with, never
+  refreshed, and those blocks' embeddings from that index; with a retriever
+  beam (ORQA's top n >= k), the n blocks' embeddings and which of them hold
+  an answer. With it trained (`SpanQa.train_document_tower`), from the
+  newest index the builder published, as in pre-training."""
 
   def __init__(self, model_dir: str, mesh, objective: SpanQa, task: str,
                corpus_name: str):
     super().__init__(model_dir, mesh, objective, task, corpus_name,
-                     null_document_first=False, exclude_source=False)
+                     null_document_first=False, exclude_source=False,
+                     refreshed=objective.train_document_tower)
     self.objective = objective
-    self.retrieval.client.follow = False
     if self.retrieval.client.searcher_kind != 'exact':
       raise ValueError(
           "Fine-tuning reads the index's document embeddings, which only the "
           "exact searcher keeps: bind IndexClient.searcher = 'exact'.")
 
   def dispatch_prepare(self, examples, params, step):
-    del step  # The index stays the one fine-tuning started with.
     query = self.query(examples)
     client, retrieved = self.retrieval.client, self.objective.retrieved
     client.maybe_refresh()
     searched = client.dispatch(
         self.retrieval.query_embeddings(params['retriever'], query),
         min(retrieved, self.retrieval.blocks['token_ids'].shape[0]))
+    # Of the index the search above reads.
+    host_metrics = ({'index_staleness': client.staleness(step)}
+                    if self.refreshed else {})
 
     def host_part():
       _, ids = searched()
@@ -219,9 +228,10 @@ class OpenQaBatches(_RetrievingBatches):
       answers = np.asarray(examples['answer_token_ids'], np.int32)
       inputs = {'query': query, 'candidates': self.retrieval.blocks_of(read),
                 'candidate_mask': read >= 0,
-                'candidate_embeddings': client.document_embeddings(ids),
                 'answer_token_ids': answers,
                 'answer_mask': (answers != 0).astype(np.int32)}
+      if not self.objective.train_document_tower:
+        inputs['candidate_embeddings'] = client.document_embeddings(ids)
       if self.objective.retriever_beam_size:
         blocks = self.retrieval.blocks
         rows = np.maximum(ids, 0)
@@ -232,5 +242,5 @@ class OpenQaBatches(_RetrievingBatches):
         inputs['beam_has_answer'] = inputs['beam_mask'] & (
             blocks_holding_answers(blocks['token_ids'][rows],
                                    searchable.astype(bool), answers))
-      return inputs, {}
+      return inputs, host_metrics
     return host_part

@@ -162,8 +162,13 @@ class MarginalMaskedLm(_ReadsCandidates):
 
 class SpanQa(_ReadsCandidates):
   """Open-QA fine-tuning: the answer spans marginalized over the top-k
-  blocks, with the document tower and the masked-LM head frozen.
+  blocks, with the masked-LM head frozen.
 
+  train_document_tower: False (ORQA, the paper) scores the candidates by
+  the index's document embeddings, given in the inputs as
+  'candidate_embeddings', and keeps the document tower frozen; True embeds
+  them afresh, so the loss trains the document tower too (EMDR2, Atlas),
+  and the index must be refreshed as in pre-training.
   retriever_beam_size: None, or ORQA's n >= k: the retriever's loss is
   over the top n blocks (those whose wordpieces hold an answer), the reader
   still reads the top k. Its inputs then carry the n blocks' embeddings
@@ -174,11 +179,19 @@ class SpanQa(_ReadsCandidates):
   def __init__(self, model: Realm, query_length: int, max_answers: int,
                max_answer_length: int, num_candidates: int,
                block_length: int | None, microbatches: int = 1,
-               retriever_beam_size: int | None = None):
+               retriever_beam_size: int | None = None,
+               train_document_tower: bool = False):
+    if train_document_tower and retriever_beam_size:
+      # The n - k blocks not read have no wordpieces in the inputs to embed.
+      raise ValueError('A retriever beam scores blocks by the frozen index, '
+                       'so it cannot train the document tower: bind '
+                       'Finetune.retriever_beam_size or '
+                       'Finetune.train_document_tower, not both.')
     super().__init__(model, query_length, num_candidates, block_length,
                      microbatches)
     self.max_answers, self.max_answer_length = max_answers, max_answer_length
     self.retriever_beam_size = retriever_beam_size
+    self.train_document_tower = train_document_tower
 
   @property
   def retrieved(self) -> int:
@@ -190,18 +203,20 @@ class SpanQa(_ReadsCandidates):
     beam = ({'beam_mask': _abstract((batch_size, self.retrieved), bool),
              'beam_has_answer': _abstract((batch_size, self.retrieved), bool)}
             if self.retriever_beam_size else {})
+    embeddings = ({} if self.train_document_tower else
+                  {'candidate_embeddings': _abstract(
+                      (batch_size, self.retrieved,
+                       self.model.projection_size), jnp.float32)})
     return {**self._abstract_candidates(batch_size, block_length),
-            'candidate_embeddings': _abstract(
-                (batch_size, self.retrieved, self.model.projection_size),
-                jnp.float32),
-            'answer_token_ids': _abstract(answers),
+            **embeddings, 'answer_token_ids': _abstract(answers),
             'answer_mask': _abstract(answers), **beam}
 
   def frozen(self, params):
     frozen = jax.tree.map(lambda _: False, params)
     frozen['reader']['mlm_head'] = jax.tree.map(
         lambda _: True, params['reader']['mlm_head'])
-    if 'document_embedder' in params['retriever']:
+    if (not self.train_document_tower
+        and 'document_embedder' in params['retriever']):
       frozen['retriever']['document_embedder'] = jax.tree.map(
           lambda _: True, params['retriever']['document_embedder'])
     return frozen
@@ -209,8 +224,8 @@ class SpanQa(_ReadsCandidates):
   def loss(self, params, inputs, rng, deterministic):
     scores, spans, reader_inputs = self.model.apply(
         {'params': params}, inputs['query'], inputs['candidates'],
-        inputs['candidate_embeddings'], deterministic, rngs={'dropout': rng},
-        method='read_spans')
+        None if self.train_document_tower else inputs['candidate_embeddings'],
+        deterministic, rngs={'dropout': rng}, method='read_spans')
     width, k = self.model.max_span_width, self.num_candidates
     # Inputs of the k read alone (the t5x adapter's loss_fn) score the
     # retriever over those.

@@ -170,8 +170,9 @@ class Pretrain(RunKind):
 class Finetune(RunKind):
   """Open-QA fine-tuning (ORQA-style, as REALM fine-tunes).
 
-  The document embeddings stay those of the index (frozen); the query tower
-  and the reader train; the reader reads the top `num_candidates`.
+  By default the document embeddings stay those of the index (frozen); the
+  query tower and the reader train; the reader reads the top
+  `num_candidates`.
 
   Attributes:
     benchmark: nq_open, web_questions or curated_trec.
@@ -201,6 +202,12 @@ class Finetune(RunKind):
       'marginal' (REALM section 3.2's p(y|x)) or 'best_span' (ORQA's
       argmax of f(x, z) + S(z, s), as the released models were scored);
       see `evaluation.answers`.
+    train_document_tower: also train the document tower, end to end (EMDR2,
+      Atlas; the paper keeps it frozen): the candidates are embedded afresh
+      in the step, and the run reads each index the index builder
+      (`realm-jax refresh`, or `launch.local`) publishes beside it, as
+      pre-training does. Save checkpoints at least as often as the builder
+      should refresh.
   """
 
   def __init__(self, benchmark: str = 'nq_open', corpus_name: str = 'wiki_leads',
@@ -212,7 +219,8 @@ class Finetune(RunKind):
                bert_dir: str | None = None, microbatches: int = 1,
                answer_rule: str = 'marginal',
                retriever_beam_size: int | None = None,
-               qa_file: str | None = None, qa_regex: bool = False):
+               qa_file: str | None = None, qa_regex: bool = False,
+               train_document_tower: bool = False):
     if retriever_beam_size is not None and not (
         retriever_beam_size >= num_candidates):
       raise ValueError(f'Finetune.retriever_beam_size={retriever_beam_size}: '
@@ -236,7 +244,8 @@ class Finetune(RunKind):
         corpus_name, block_length,
         objectives.SpanQa(build_realm(), query_length, max_answers,
                           max_answer_length, num_candidates, block_length,
-                          microbatches, retriever_beam_size))
+                          microbatches, retriever_beam_size,
+                          train_document_tower))
     self.pretrain_model_dir, self.ict_model_dir = (pretrain_model_dir,
                                                    ict_model_dir)
     self.bert_dir = bert_dir
