@@ -382,7 +382,7 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
     comparisons['recall'] = _recall_comparisons(
         d('eval'), [('realm', 'ict')] + [('realm', name) for name in recalled
                                          if name != 'realm'])
-  if has_qa and sizes.finetune_steps:
+  if has_qa and sizes.finetune_steps and sizes.ablations:
     for name, warm in (('realm', f'pretrain_model_dir="{d("realm")}"'),
                        ('orqa', f'ict_model_dir="{d("ict")}"')):
       stage(f'finetune_{name}', finetune, d(f'finetune_{name}'),

@@ -2,6 +2,7 @@
 brought up to date by embedding the added blocks alone."""
 
 import json
+import os
 
 import gin
 import jax
@@ -14,7 +15,8 @@ from realm_jax.data import corpus, corpus_changes
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.index import publication
 from realm_jax.index.embed import DocumentEmbedder, block_arrays
-from tests.helpers import ARTICLES
+from realm_jax.index.refresh import IndexBuilder
+from tests.helpers import ARTICLES, REPO
 
 # A fact that no block of ARTICLES holds.
 QUOKKA = {'title': 'Quokka',
@@ -115,14 +117,13 @@ def test_ask_answers_from_an_added_block_until_it_is_removed(
   data.mkdir(parents=True)
   (data / 'topics.nq.dev.txt').write_text(f"{QUESTION}\t['quokka']\n")
   monkeypatch.setenv('REALM_DATA_DIR', str(tmp_path / 'data'))
-  main.main(['train', f'--model_dir={model_dir}',
-             '--gin_file=gin/runs/finetune.gin',
-             '--gin_file=gin/models/minilm_l6.gin',
-             '--gin.train.num_steps=1', '--gin.train.batch_size=8',
-             '--gin.bert_adamw.warmup_steps=0',
-             '--gin.Finetune.query_length=24',
-             '--gin.Finetune.num_candidates=3',
-             '--gin.build_realm.reader_length=96'])
+  train = lambda steps: main.main([
+      'train', f'--model_dir={model_dir}', '--gin_file=gin/runs/finetune.gin',
+      '--gin_file=gin/models/minilm_l6.gin', f'--gin.train.num_steps={steps}',
+      '--gin.train.batch_size=8', '--gin.bert_adamw.warmup_steps=0',
+      '--gin.Finetune.query_length=24', '--gin.Finetune.num_candidates=3',
+      '--gin.build_realm.reader_length=96'])
+  train(1)
   index = lambda: publication.index_manager(
       run_directory.index_dir(model_dir), read_only=True)
   before = publication.read_embeddings(index(), 0)
@@ -168,6 +169,23 @@ def test_ask_answers_from_an_added_block_until_it_is_removed(
   retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
   assert sorted(retrieved['block_ids']) == list(range(12))
   assert all(12 not in a.per_block for a in retrieved['answers'])
+
+  # Restarted on the changed corpus: the trainer resumes with the synced
+  # index, and a new index builder embeds its checkpoint, every block of it,
+  # the removed one never served.
+  gin.clear_config()
+  train(2)
+  gin.clear_config()
+  gin.parse_config_file(os.path.join(REPO, 'gin', 'models', 'minilm_l6.gin'))
+  builder = IndexBuilder(model_dir, zebra_corpus, batch_size=8)
+  assert builder.last == 2 and builder.poll() == 'waiting'  # Step 2: sync's.
+  train(3)
+  assert builder.poll() == 'published' and builder.last == 3
+  assert publication.read_embeddings(index(), 3).shape[0] == 13
+  run = QAPredictor(model_dir, recall_k=12)
+  assert run.retrieval.client.index_step == 3
+  retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
+  assert sorted(retrieved['block_ids']) == list(range(12))
   jax.clear_caches()
 
 

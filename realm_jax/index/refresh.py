@@ -8,8 +8,8 @@ step. The builder alone sets how fresh the trainer's index is: the trainer
 swaps in each index at its next step (see `client`). It exits when the
 trainer marks training done and the last step is published. A checkpoint the
 trainer prunes while it is listed or read is skipped (see `run_directory`),
-and a step the trainer published first (its first index) is left as it is:
-neither is fatal.
+and a step published meanwhile (the trainer's first index, `corpus sync`'s)
+is left as it is: neither is fatal.
 """
 
 import logging
@@ -76,8 +76,8 @@ class IndexBuilder:
                                       self.arrays, self.corpus_metadata,
                                       self.searcher)
       except ocp.checkpoint_manager.StepAlreadyExistsError:
-        # The trainer published its first index meanwhile: the same step.
-        log.info('index step %d: published by the trainer first', due)
+        # Published meanwhile: the trainer's first index, or `corpus sync`.
+        log.info('index step %d was published meanwhile; kept', due)
         self.last = due
         return 'waiting'
       self.last, self.published = due, self.published + 1
