@@ -253,14 +253,13 @@ def finetune(model_dir: str, num_steps: int, warm_start: str,
   if refresh_interval is None:
     _train(model_dir, 'finetune', *flags)
     return {}
-  flags += ['--gin.Finetune.train_document_tower=True',
-            f'--gin.run_refresh.refresh_interval_steps={refresh_interval}']
+  cadence = f'--gin.run_refresh.refresh_interval_steps={refresh_interval}'
   local.run(model_dir,
             train_args=['--gin_file=gin/runs/finetune.gin',
                         '--gin_file=gin/runs/eval.gin',
-                        f'--gin_file={SETUP}', *flags],
-            refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1',
-                          flags[-1]],
+                        f'--gin_file={SETUP}', *flags, cadence,
+                        '--gin.Finetune.train_document_tower=True'],
+            refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1', cadence],
             refresh_timeout=600)
   return _freshness(model_dir)
 
