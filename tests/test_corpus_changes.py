@@ -2,7 +2,6 @@
 brought up to date by embedding the added blocks alone."""
 
 import json
-import os
 
 import gin
 import jax
@@ -16,7 +15,7 @@ from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.index import publication
 from realm_jax.index.embed import DocumentEmbedder, block_arrays
 from realm_jax.index.refresh import IndexBuilder
-from tests.helpers import ARTICLES, REPO
+from tests.helpers import ARTICLES, bind_tiny, finetuned
 
 # A fact that no block of ARTICLES holds.
 QUOKKA = {'title': 'Quokka',
@@ -117,13 +116,14 @@ def test_ask_answers_from_an_added_block_until_it_is_removed(
   data.mkdir(parents=True)
   (data / 'topics.nq.dev.txt').write_text(f"{QUESTION}\t['quokka']\n")
   monkeypatch.setenv('REALM_DATA_DIR', str(tmp_path / 'data'))
-  train = lambda steps: main.main([
-      'train', f'--model_dir={model_dir}', '--gin_file=gin/runs/finetune.gin',
-      '--gin_file=gin/models/minilm_l6.gin', f'--gin.train.num_steps={steps}',
-      '--gin.train.batch_size=8', '--gin.bert_adamw.warmup_steps=0',
-      '--gin.Finetune.query_length=24', '--gin.Finetune.num_candidates=3',
-      '--gin.build_realm.reader_length=96'])
-  train(1)
+  main.main(['train', f'--model_dir={model_dir}',
+             '--gin_file=gin/runs/finetune.gin',
+             '--gin_file=gin/models/minilm_l6.gin',
+             '--gin.train.num_steps=1', '--gin.train.batch_size=8',
+             '--gin.bert_adamw.warmup_steps=0',
+             '--gin.Finetune.query_length=24',
+             '--gin.Finetune.num_candidates=3',
+             '--gin.build_realm.reader_length=96'])
   index = lambda: publication.index_manager(
       run_directory.index_dir(model_dir), read_only=True)
   before = publication.read_embeddings(index(), 0)
@@ -169,23 +169,38 @@ def test_ask_answers_from_an_added_block_until_it_is_removed(
   retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
   assert sorted(retrieved['block_ids']) == list(range(12))
   assert all(12 not in a.per_block for a in retrieved['answers'])
-
-  # Restarted on the changed corpus: the trainer resumes with the synced
-  # index, and a new index builder embeds its checkpoint, every block of it,
-  # the removed one never served.
-  gin.clear_config()
-  train(3)
-  gin.clear_config()
-  gin.parse_config_file(os.path.join(REPO, 'gin', 'models', 'minilm_l6.gin'))
-  builder = IndexBuilder(model_dir, zebra_corpus, batch_size=8)
-  assert builder.last == 2  # Sync's.
-  assert builder.poll() == 'published' and builder.last == 3
-  assert publication.read_embeddings(index(), 3).shape[0] == 13
-  run = QAPredictor(model_dir, recall_k=12)
-  assert run.retrieval.client.index_step == 3
-  retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
-  assert sorted(retrieved['block_ids']) == list(range(12))
   jax.clear_caches()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_trainer_and_builder_restart_on_a_changed_corpus(zebra):
+  """After `corpus add` and `remove`, a resumed run trains with the synced
+  index, and an index builder started afresh embeds its next checkpoint:
+  every block of the changed corpus, the removed one never served."""
+  model_dir = finetuned(zebra)  # Steps 0-2; index step 0.
+  gin.clear_config()
+  main.main(['corpus', 'add', f'--model_dir={model_dir}',
+             f'--jsonl={_write_jsonl(zebra / "new.jsonl", [QUOKKA])}'])
+  gin.clear_config()
+  (zebra / 'titles.txt').write_text('Animal 3\n')
+  main.main(['corpus', 'remove', f'--model_dir={model_dir}',
+             f'--titles={zebra / "titles.txt"}'])
+  gin.clear_config()
+  finetuned(zebra, '--gin.train.num_steps=4')
+  assert run_directory.restore_params(model_dir)[0] == 4
+
+  gin.clear_config()
+  bind_tiny()
+  builder = IndexBuilder(model_dir, corpus.corpus_dir('wiki_leads'))
+  assert builder.last == 2  # The index of the second change.
+  assert builder.poll() == 'published' and builder.last == 4
+  assert publication.read_embeddings(builder.index, 4).shape[0] == 13
+  gin.clear_config()
+  run = QAPredictor(model_dir, recall_k=12)  # Every live block.
+  assert run.retrieval.client.index_step == 4
+  retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
+  assert sorted(retrieved['block_ids']) == [i for i in range(13) if i != 3]
 
 
 @pytest.mark.integration

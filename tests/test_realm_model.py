@@ -162,13 +162,13 @@ def test_end_to_end_fine_tuning_trains_the_document_tower(
                                 max_answer_length=2, num_candidates=3,
                                 block_length=8,
                                 train_document_tower=train_document_tower)
-  params = nn.meta.unbox(objective.init(jax.random.key(0)))
+  params = nn.meta.unbox(jax.jit(objective.init)(jax.random.key(0)))
   query = _tokens(rng, (2, 6))
   query['token_type_ids'][:] = 0
   candidates = _tokens(rng, (2, 3, 8), length=7)
-  documents = model.apply(
-      {'params': params}, *candidates.values(),
-      method=lambda m, *a: m.retriever.embed_documents(*a))
+  documents = jax.jit(lambda p: model.apply(
+      {'params': p}, *candidates.values(),
+      method=lambda m, *a: m.retriever.embed_documents(*a)))(params)
   # Candidate 0's body, before its [SEP].
   answers = candidates['token_ids'][:, 0, 4:6][:, None].repeat(2, axis=1)
   inputs = {'query': query, 'candidates': candidates,
@@ -180,17 +180,17 @@ def test_end_to_end_fine_tuning_trains_the_document_tower(
   if not train_document_tower:
     # The index's embeddings, here those of the tower before it moved.
     inputs['candidate_embeddings'] = np.asarray(documents)
-  loss = lambda p: objective.loss(p, inputs, jax.random.key(1), True)[0]
-  # The answer is in some candidates, not all: p(z|x) has a gradient.
-  assert 0 < objective.loss(params, inputs, jax.random.key(1), True)[1][
-      'answer_recall']
-  fresh = model.apply({'params': params}, query, candidates, None,
-                      method='read_spans')[0]
-  indexed = model.apply({'params': params}, query, candidates, documents,
-                        method='read_spans')[0]
-  np.testing.assert_allclose(fresh, indexed, rtol=1e-5, atol=1e-6)
+  scores = jax.jit(lambda p, embeddings: model.apply(
+      {'params': p}, query, candidates, embeddings, method='read_spans')[0])
+  np.testing.assert_allclose(scores(params, None), scores(params, documents),
+                             rtol=1e-5, atol=1e-6)
 
-  grads = jax.jit(jax.grad(loss))(params)['retriever']
+  (_, metrics), grads = jax.jit(jax.value_and_grad(
+      lambda p: objective.loss(p, inputs, jax.random.key(1), True),
+      has_aux=True))(params)
+  # The answer is in some candidates, not all: p(z|x) has a gradient.
+  assert 0 < metrics['answer_recall']
+  grads = grads['retriever']
   tower = lambda tree: jax.tree.leaves(tree['document_embedder'])
   reached = max(float(jnp.abs(g).max()) for g in tower(grads))
   assert (reached > 0) == train_document_tower
