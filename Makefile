@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo reproduce test test-fast clean
+.PHONY: setup demo reproduce test test-fast chaos clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ test: setup
 # The unit tests that are not slow (the tiers: pytest.ini), about 3 minutes.
 test-fast: setup
 	$(BIN)/python -m pytest -m 'unit and not slow' $(PYTEST_ARGS)
+
+# The chaos harness: 200 faults of both jobs, checked against an undisturbed
+# run (docs/reliability.md; about an hour on 2 cores of an Intel Xeon).
+chaos: setup
+	$(BIN)/python -m benchmarks.chaos --output docs/results/chaos.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

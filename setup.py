@@ -37,7 +37,8 @@ setuptools.setup(
                                                'tasks', 'tasks.*',
                                                'launch', 'launch.*']),
     install_requires=INSTALL_REQUIRES,
-    extras_require={'test': ['pytest>=8', *BENCH], 'bench': BENCH},
+    extras_require={'test': ['pytest>=8', 'hypothesis>=6.100', *BENCH],
+                    'bench': BENCH},
     entry_points={'console_scripts': ['realm-jax=realm_jax.main:main']},
     license='Apache-2.0',
 )

@@ -67,8 +67,14 @@ def load(path: str) -> Config:
       table = tomllib.load(f)
   except FileNotFoundError:
     raise ConfigError(f'{path}: no such file') from None
+  except OSError as error:  # A directory, say.
+    raise ConfigError(f'{path}: cannot be read ({error.strerror})') from None
+  except UnicodeDecodeError as error:  # tomllib decodes the whole file first.
+    raise ConfigError(f'{path}: not UTF-8 ({error})') from None
   except tomllib.TOMLDecodeError as error:
     raise ConfigError(f'{path}: not valid TOML ({error})') from None
+  except RecursionError:  # tomllib recurses into nested arrays and tables.
+    raise ConfigError(f'{path}: not valid TOML (nested too deeply)') from None
   config = _read(table, Config, '', path)
   _check(config, path)
   return config

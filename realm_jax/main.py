@@ -236,11 +236,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _parse_gin(args) -> None:
-  """The command's gin files (default MiniLM's) and bindings."""
+  """The command's gin files (default MiniLM's) and bindings.
+
+  The bindings are parsed one at a time, so that one gin cannot take stops
+  the command with a ValueError naming it: gin's parser raises SyntaxError,
+  TypeError, tokenize.TokenError, RecursionError and more, most of them
+  saying neither which binding nor that it was one.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
   from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
   run_loader.parse_gin(args.gin_file or [
       os.path.join(run_loader.GIN_DIR, 'models', 'minilm_l6.gin')],
-                       args.gin_bindings)
+                       finalize=False)
+  for binding in args.gin_bindings:
+    try:
+      run_loader.parse_gin([], [binding], finalize=False)
+    except Exception as error:  # pylint: disable=broad-except
+      raise ValueError(f'gin binding {binding!r}: {error}') from error
+  try:
+    gin.finalize()
+  except ValueError as error:  # An undefined %MACRO, say.
+    if not args.gin_bindings:
+      raise
+    raise ValueError(f'gin bindings {", ".join(map(repr, args.gin_bindings))}'
+                     f': {error}') from error
 
 
 def _train(args) -> None:

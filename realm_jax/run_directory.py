@@ -3,6 +3,9 @@
 The two jobs share nothing but one model_dir:
   config.gin                the trainer's operative gin config (what
                             `load_run` rebuilds the run from);
+  trainer.lock, run_format.json
+                            the trainer's lock and the layout its
+                            checkpoints were written in (see `run_guard`);
   checkpoints/<step>/       the trainer's checkpoints, items
                             `retriever_params` (the towers: what the builder
                             embeds with and warm starts read),
@@ -12,7 +15,12 @@ The two jobs share nothing but one model_dir:
   index/<step>/             the published indexes, `step` being the trainer
                             step whose parameters embedded the corpus: items
                             `embeddings`, `metadata` and, for ScaNN, `scann`;
-  */pruned/                 steps a writer pruned, being deleted.
+  index/REQUESTED           the index step a trainer waits for (see
+                            `client.IndexClient.lockstep_interval`);
+  */pruned/                 steps a writer pruned, being deleted;
+  */corrupt/                steps a reader refused as damaged (a file
+                            truncated or unreadable, a commit marker gone),
+                            set aside whole for a person to look at.
 
 Orbax writes each step into a temporary directory and renames it when
 complete, so a reader never sees a partial step. Each writer prunes its old
@@ -22,10 +30,17 @@ meanwhile (`None` instead of its contents, one line in the log) so that the
 reader looks again on its next poll. Writers prune by renaming a step into
 TRASH (atomic on a local disk; Orbax's `todelete_subdir`) and empty it later,
 so a step still in place after a read was whole during it.
+
+Orbax marks each finished step and item with a commit file but, on a local
+disk, reads a step without one; `restore` refuses such a step, and one whose
+files fail to read, with `DamagedStepError` naming the file, so that no reader
+uses half a step left by a crash or a damaged disk.
 """
 
+import json
 import logging
 import os
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -35,7 +50,13 @@ CONFIG = 'config.gin'
 CHECKPOINTS = 'checkpoints'
 INDEX = 'index'
 DONE_MARKER = 'TRAINING_DONE'
+INDEX_REQUEST = 'REQUESTED'
 TRASH = 'pruned'
+DAMAGED = 'corrupt'
+# Orbax's mark of a finished step, and of each finished item in it; and the
+# step's own metadata (its commit time).
+COMMIT_FILE = 'commit_success.txt'
+STEP_METADATA = '_CHECKPOINT_METADATA'
 
 # Items of a checkpoint step.
 TRAIN_STATE = 'train_state'
@@ -90,6 +111,32 @@ def training_done(model_dir: str) -> bool:
   return (epath.Path(checkpoints_dir(model_dir)) / DONE_MARKER).exists()
 
 
+def request_index(model_dir: str, step: int) -> None:
+  """Asks the index builder to embed checkpoint `step` next (process 0
+  writes; the file is replaced whole, never seen half-written)."""
+  if jax.process_index():
+    return
+  directory = epath.Path(index_dir(model_dir))
+  directory.mkdir(parents=True, exist_ok=True)
+  partial = directory / f'.{INDEX_REQUEST}.{os.getpid()}'
+  partial.write_text(f'{step}\n')
+  partial.replace(directory / INDEX_REQUEST)
+
+
+def requested_index(model_dir: str) -> int | None:
+  """The index step a trainer waits for, if any."""
+  try:
+    return int((epath.Path(index_dir(model_dir)) / INDEX_REQUEST).read_text())
+  except (FileNotFoundError, ValueError):
+    return None
+
+
+def clear_index_request(model_dir: str, step: int) -> None:
+  """Withdraws the request for `step` once it is served."""
+  if not jax.process_index() and requested_index(model_dir) == step:
+    (epath.Path(index_dir(model_dir)) / INDEX_REQUEST).unlink(missing_ok=True)
+
+
 def every_process() -> ocp.options.MultiprocessingOptions:
   """All processes, named: Orbax then syncs them through the distributed
   runtime's keyed barriers rather than device collectives, which its
@@ -127,8 +174,63 @@ def pruning_options(**options) -> ocp.CheckpointManagerOptions:
                                       lightweight_initialize=True, **options)
 
 
+class DamagedStepError(RuntimeError):
+  """A finished step that cannot be used: a file of it is missing,
+  truncated or unreadable. `path` is the step, `file` the file."""
+
+  def __init__(self, path, file, problem: str):
+    super().__init__(f'Step {path} is damaged: {file}: {problem}. It is not '
+                     'used.')
+    self.path, self.file = str(path), str(file)
+
+
 def _where(manager: ocp.CheckpointManager, step) -> epath.Path:
   return epath.Path(manager.directory) / str(step)
+
+
+def check_committed(step_dir, items=None) -> None:
+  """Raises DamagedStepError unless the step and its `items` (default all
+  of them) carry Orbax's commit file, and the step's own metadata reads."""
+  step_dir = epath.Path(step_dir)
+  names = items if items is not None else [
+      p.name for p in step_dir.iterdir() if p.is_dir()]
+  for where in [step_dir, *(step_dir / name for name in names)]:
+    if not (where / COMMIT_FILE).exists():
+      raise DamagedStepError(step_dir, where / COMMIT_FILE, 'missing (the '
+                             'write that made it did not finish)')
+  own = step_dir / STEP_METADATA
+  if own.exists():
+    try:
+      if not isinstance(json.loads(own.read_text()), dict):
+        raise ValueError('not a JSON object')
+    except ValueError as error:  # UnicodeDecodeError is one too.
+      raise DamagedStepError(step_dir, own, str(error)) from error
+
+
+def _damaged_file(step_dir: epath.Path, items) -> epath.Path:
+  """The file to name for a read that failed without naming one: an item's
+  only file, else the item, else the step."""
+  if len(items) != 1:
+    return step_dir
+  item = step_dir / items[0]
+  files = [p for p in item.iterdir() if p.name != COMMIT_FILE] \
+      if item.is_dir() else []
+  return files[0] if len(files) == 1 else item
+
+
+def set_aside(directory, step: int) -> str | None:
+  """Moves a damaged step into `directory`/DAMAGED, out of every reader's
+  and writer's sight (its writer may then write the step again); returns
+  where it went, None if another reader moved it first."""
+  damaged = epath.Path(directory) / DAMAGED
+  damaged.mkdir(parents=True, exist_ok=True)
+  target = damaged / f'{step}-{time.time_ns()}'
+  try:
+    (epath.Path(directory) / str(step)).rename(target)
+  except FileNotFoundError:
+    return None
+  logging.error('Set step %d of %s aside as %s.', step, directory, target)
+  return str(target)
 
 
 def reload(manager: ocp.CheckpointManager) -> list[int]:
@@ -152,13 +254,22 @@ def reload(manager: ocp.CheckpointManager) -> list[int]:
 
 def restore(manager: ocp.CheckpointManager, step: int, args):
   """`manager.restore(step, args)`, or None when the step vanished before or
-  during the read. A read that fails on a step still in place raises."""
+  during the read. A step still in place that lacks a commit file, or whose
+  files fail to read, raises DamagedStepError."""
+  where = _where(manager, step)
   try:
+    check_committed(where, list(args.keys()))
     restored = manager.restore(step, args=args)
-  except Exception:  # pylint: disable=broad-except
-    if _where(manager, step).is_dir():
+  except Exception as error:  # pylint: disable=broad-except
+    if not where.is_dir():
+      restored = None
+    elif isinstance(error, DamagedStepError):
       raise
-    restored = None
+    else:
+      named = getattr(error, 'filename', None) or _damaged_file(
+          where, list(args.keys()))
+      raise DamagedStepError(where, named, f'{type(error).__name__}: '
+                             f'{error}') from error
   if not _where(manager, step).is_dir():
     logging.warning('Step %d of %s vanished while it was read (pruned by its '
                     'writer); skipped until the next look.', step,

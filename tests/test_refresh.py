@@ -174,45 +174,6 @@ def test_a_builder_killed_mid_publish_leaves_the_previous_index(dirs):
   assert builder.wait(timeout=120) == 0
 
 
-@pytest.mark.slow
-def test_the_builder_survives_a_killed_trainer(dirs):
-  model_dir, corpus_dir = dirs
-  trainer_code = f'''
-import itertools, sys, time
-sys.path.insert(0, {ROOT!r})
-from tests.helpers import TrainerStandIn
-trainer = TrainerStandIn({model_dir!r}, {corpus_dir!r})
-for step in itertools.count(1):
-  trainer.save(step)
-  print(step, flush=True)
-  time.sleep(0.3)
-'''
-  trainer = subprocess.Popen([sys.executable, '-c', trainer_code], cwd=ROOT,
-                             stdout=subprocess.PIPE, text=True)
-  assert trainer.stdout.readline().strip() == '1'
-  builder = _builder(model_dir, corpus_dir)
-  client = IndexClient(model_dir, corpus.load_metadata(corpus_dir), dim=128)
-  deadline, step = time.time() + 180, 0
-  while client.index_step is None:
-    assert time.time() < deadline and builder.poll() is None
-    step += 1
-    client.maybe_refresh()
-    time.sleep(0.1)
-  trainer.send_signal(signal.SIGKILL)
-  trainer.wait()
-  last = run_directory.trainer_checkpoints(model_dir).latest_step()
-  while client.index_step != last:  # The builder catches up, then waits.
-    assert time.time() < deadline and builder.poll() is None, \
-        builder.stdout.read()
-    step += 1
-    client.maybe_refresh()
-    time.sleep(0.1)
-  time.sleep(2)
-  assert builder.poll() is None  # Still polling: no crash, no exit.
-  run_directory.mark_training_done(model_dir)
-  assert builder.wait(timeout=60) == 0
-
-
 def _publish(model_dir, step, embeddings, metadata):
   manager = publication.index_manager(run_directory.index_dir(model_dir))
   publication.publish(manager, step, embeddings, metadata)
@@ -364,3 +325,41 @@ def test_end_to_end_finetuning_reads_the_builders_indexes(zebra):
   predictor = qa_evaluation.QAPredictor(model_dir)
   assert predictor.retrieval.client.params_step == 6
   assert predictor.retrieval.client.index_step == 6
+
+
+def test_the_builder_embeds_the_index_a_trainer_asks_for_first(dirs, tiny_gin):
+  """A lockstep trainer waits for checkpoint 3's index; the builder, whose
+  own cadence would embed the newest (6), embeds 3 first."""
+  model_dir, corpus_dir = dirs
+  trainer = TrainerStandIn(model_dir, corpus_dir)
+  for step in range(7):
+    trainer.save(step)
+  builder = IndexBuilder(model_dir, corpus_dir, interval=2)
+  run_directory.request_index(model_dir, 3)
+  assert builder.poll() == 'published'
+  assert run_directory.reload(builder.index) == [3]
+  assert builder.poll() == 'published'  # Then its own cadence: the newest.
+  assert run_directory.reload(builder.index) == [3, 6]
+
+
+def test_the_builder_never_embeds_a_damaged_checkpoint(dirs, tiny_gin,
+                                                       caplog):
+  """Its commit marker gone, checkpoint 1 is refused and named once; saved
+  again whole (the trainer set it aside and trained it again), it is
+  embedded."""
+  model_dir, corpus_dir = dirs
+  trainer = TrainerStandIn(model_dir, corpus_dir)
+  trainer.save(0), trainer.save(1)
+  builder = IndexBuilder(model_dir, corpus_dir)
+  builder.last = 0
+  marker = os.path.join(run_directory.checkpoints_dir(model_dir), '1',
+                        run_directory.RETRIEVER_ITEM, 'commit_success.txt')
+  os.remove(marker)
+  assert builder.poll() == 'waiting' and builder.poll() == 'waiting'
+  assert caplog.text.count('Not embedding checkpoint 1: Step ') == 1
+  assert marker in caplog.text
+  assert not run_directory.reload(builder.index)
+  run_directory.set_aside(run_directory.checkpoints_dir(model_dir), 1)
+  trainer.checkpoints.reload()
+  trainer.save(1)
+  assert builder.poll() == 'published' and builder.last == 1

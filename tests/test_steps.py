@@ -247,3 +247,78 @@ def test_soak_the_builder_reading_beside_a_pruning_trainer(tmp_path, dirs):
   reads, skipped, writes = _soak(tmp_path, dirs, 'checkpoints', read,
                                  seconds=10)
   assert reads >= 30 and writes >= 20 and skipped < reads
+
+
+def _damage(step_dir: str, how: str) -> str:
+  """Damages a published index step as a crash or a bad disk would; returns
+  the file."""
+  if how == 'truncated embeddings':
+    path = os.path.join(step_dir, 'embeddings', 'embeddings.npy')
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+  elif how == 'commit marker deleted':
+    path = os.path.join(step_dir, 'metadata', 'commit_success.txt')
+    os.remove(path)
+  elif how == 'garbage metadata':
+    path = os.path.join(step_dir, 'metadata', 'metadata')
+    with open(path, 'wb') as f:
+      f.write(b'\x8b\x00garbage{')
+  else:  # JSON, but not an index's metadata.
+    path = os.path.join(step_dir, 'metadata', 'metadata')
+    with open(path, 'w') as f:
+      f.write('{"num_blocks": "many"}')
+  return path
+
+
+@pytest.mark.parametrize('how', ['truncated embeddings',
+                                 'commit marker deleted', 'garbage metadata',
+                                 'wrong metadata'])
+def test_a_damaged_index_is_refused_named_and_set_aside(dirs, caplog, how):
+  model_dir, corpus_dir = dirs
+  builder = BuilderStandIn(model_dir, corpus_dir, keep=3)
+  builder.publish(), builder.publish()
+  index_dir = run_directory.index_dir(model_dir)
+  damaged = _damage(os.path.join(index_dir, '1'), how)
+  client = IndexClient(model_dir, builder.meta, dim=DIM)
+  assert client.maybe_refresh()
+  assert client.index_step == 0  # The previous good step.
+  np.testing.assert_array_equal(client.document_embeddings([0, 5]), 0)
+  assert f'Refused index step 1: Step {index_dir}/1 is damaged: ' \
+      f'{damaged}' in caplog.text
+  assert run_directory.reload(client._manager) == [0]  # pylint: disable=protected-access
+  aside, = os.listdir(os.path.join(index_dir, run_directory.DAMAGED))
+  assert aside.startswith('1-')
+  builder.publish()  # Step 2, whole, is served at the next look.
+  assert client.maybe_refresh() and client.index_step == 2
+
+
+def test_lockstep_serves_the_schedule_and_asks_for_what_is_missing(
+    dirs, monkeypatch):
+  """Interval 2: steps 0-3 read index 0, 4-5 index 2, 6-7 index 4; index
+  4 is missing at step 6, so the client asks for it and waits."""
+  model_dir, corpus_dir = dirs
+  _, save = trainer_writer(model_dir, keep=3)
+  for step in (0, 2, 4):
+    save(step)
+  builder = BuilderStandIn(model_dir, corpus_dir, keep=3)
+  builder.publish(), builder.publish(), builder.publish()  # Steps 0, 1, 2.
+  client = IndexClient(model_dir, builder.meta, dim=DIM, lockstep_interval=2,
+                       poll_seconds=0.01)
+  served = []
+  for step in range(6):
+    client.refresh_for(step)
+    served.append(client.index_step)
+  assert served == [0, 0, 0, 0, 2, 2]
+  builder.publish()  # Step 3: newer, but not the schedule's.
+  client.refresh_for(5)
+  assert client.index_step == 2
+  waits = []
+  monkeypatch.setattr(time, 'sleep', lambda _: (
+      waits.append(run_directory.requested_index(model_dir)),
+      len(waits) == 3 and builder.publish()))  # Step 4, after three looks.
+  client.refresh_for(6)
+  assert client.index_step == 4 and waits == [4, 4, 4]
+  assert run_directory.requested_index(model_dir) is None  # Withdrawn.
+  with pytest.raises(RuntimeError, match='does not keep it: save a '
+                     'checkpoint at every multiple'):
+    client.refresh_for(8)  # Index 6: no checkpoint 6 to embed.

@@ -1,12 +1,11 @@
-"""The train loop: sharded = single-device, exact resume, every run kind from
-its gin file, warm starts, and the guards (gin errors, NaN)."""
+"""The train loop: sharded = single-device, every run kind from its gin file,
+warm starts, and the guards (gin errors, NaN). Exact resumes after kills:
+tests/test_chaos.py."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import gin
 import jax
@@ -26,8 +25,7 @@ pytestmark = [pytest.mark.integration,
 
 
 def _metrics(model_dir, name='train'):
-  """Step -> its metrics (train and eval/ rows merged; a resumed run's
-  rewrites of a step win)."""
+  """Step -> its metrics (train and eval/ rows merged)."""
   rows = {}
   with open(os.path.join(model_dir, f'{name}_metrics.jsonl')) as f:
     for line in f:
@@ -164,45 +162,6 @@ def test_bf16_compute_keeps_fp32_parameters_and_loss(tmp_path):
       np.dtype('float32')}
   assert metrics['loss'].dtype == np.float32 and np.isfinite(metrics['loss'])
   assert int(state.step) == 1
-
-
-def _cli(model_dir, steps):
-  return [sys.executable, '-m', 'realm_jax.main', 'train',
-          f'--model_dir={model_dir}', '--gin_file=gin/runs/pretrain.gin',
-          *TINY, *RETRIEVAL, f'--gin.train.num_steps={steps}',
-          '--gin.train.checkpoint_every=10', '--gin.train.log_every=1']
-
-
-@pytest.mark.slow
-def test_killed_run_resumes_with_the_same_losses(tmp_path, small_corpus):
-  """SIGKILL after step 23, resume: steps 21-30 match an uninterrupted run."""
-  env = {**os.environ, 'REALM_CORPUS_DIR': small_corpus,
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
-  run = lambda model_dir: subprocess.run(
-      _cli(model_dir, 30), cwd=REPO, env=env, check=True, capture_output=True)
-  reference = str(tmp_path / 'reference')
-  run(reference)
-
-  killed = str(tmp_path / 'killed')
-  process = subprocess.Popen(_cli(killed, 30), cwd=REPO, env=env,
-                             stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-  metrics = os.path.join(killed, 'train_metrics.jsonl')
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if os.path.exists(metrics) and 23 in _metrics(killed):
-      process.send_signal(signal.SIGKILL)
-      break
-    time.sleep(0.02)
-  assert process.wait() == -signal.SIGKILL
-  assert 30 not in _metrics(killed)  # Really interrupted.
-  run(killed)
-
-  expected, got = _metrics(reference), _metrics(killed)
-  np.testing.assert_allclose([got[s]['loss'] for s in range(21, 31)],
-                             [expected[s]['loss'] for s in range(21, 31)],
-                             rtol=1e-6)
-  assert os.path.exists(os.path.join(killed, 'checkpoints', 'TRAINING_DONE'))
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import tensorflow as tf
 from etils import epath
 
 from realm_jax.data import sources
-from realm_jax.data.skips import SkipReport, parse_json_line
+from realm_jax.data.skips import SkipReport, is_text, parse_json_object
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.progress import Progress
 
@@ -91,8 +91,16 @@ def skipped_page_reason(title: str, text: str) -> str | None:
 def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
                         progress: Progress | None = None,
                         digest=None) -> Iterator[tuple[str, sources.Article]]:
-  """(file:line, article) from JSONL files, one `{"title", "text"}` a line."""
+  """(file:line, article) from JSONL files, one `{"title", "text"}` a line.
+
+  Bad lines are counted in `report` with their file:line. A file with no
+  article at all is the wrong file, not a source of nothing: it is refused
+  naming it, as is a directory.
+  """
   for path in paths:
+    if epath.Path(path).is_dir():
+      raise ValueError(f'{path} is a directory, not a JSONL file of articles.')
+    read = 0
     with epath.Path(path).open('rb') as f:
       for number, line in enumerate(f, 1):
         if digest is not None:
@@ -102,14 +110,21 @@ def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
         where = f'{path}:{number}'
         if not line.strip():
           continue
-        row = parse_json_line(line, where, report)
+        row = parse_json_object(line, where, report)
         if row is None:
           continue
-        if not isinstance(row, dict) or not isinstance(row.get('title'), str) \
-            or not isinstance(row.get('text'), str):
+        if not isinstance(row.get('title'), str) or not isinstance(
+            row.get('text'), str):
           report.add('missing title or text field', where)
           continue
+        if not (is_text(row['title']) and is_text(row['text'])):
+          report.add('not UTF-8', where)
+          continue
+        read += 1
         yield where, sources.Article(row['title'].strip(), row['text'])
+    if not read:
+      raise ValueError(f'{path}: no {{"title", "text"}} article in the file. '
+                       + report.summary())
 
 
 class SentenceSplitter:

@@ -23,7 +23,7 @@ import gin
 from etils import epath
 
 from realm_jax.data.answer_matching import compile_answer_pattern
-from realm_jax.data.skips import SkipReport, parse_json_line
+from realm_jax.data.skips import SkipReport, is_text, parse_json_object
 
 DATA_DIR_ENV = 'REALM_DATA_DIR'
 
@@ -43,16 +43,21 @@ def _lines(path) -> Iterator[tuple[int, bytes]]:
 def _read_jsonl(path, report) -> Iterator[tuple[str, str, object]]:
   for number, raw in _lines(path):
     where = f'{path}:{number}'
-    row = parse_json_line(raw, where, report)
-    if isinstance(row, dict):
+    row = parse_json_object(raw, where, report)
+    if row is not None:
       yield where, row.get('question'), row.get('answer')
-    elif row is not None:
-      report.add('not a JSON object', where)
+
+
+# What `_topics_row` raises on a row that is not one. Python's parser, under
+# `ast.literal_eval`, runs out of stack (MemoryError, RecursionError) on text
+# such as '-' * 100_000, a few hundred kB of one line.
+_NOT_A_TOPICS_ROW = (ValueError, SyntaxError, TypeError, MemoryError,
+                     RecursionError)
 
 
 def _topics_row(raw: bytes) -> tuple[str, object]:
-  """(question, answers) of a topics row; ValueError, SyntaxError or
-  TypeError when it is not one."""
+  """(question, answers) of a topics row; one of `_NOT_A_TOPICS_ROW` when it
+  is not one (UnicodeDecodeError, a ValueError, when not UTF-8)."""
   question, answers = raw.decode('utf-8').rstrip('\n').split('\t')
   return question, ast.literal_eval(answers)
 
@@ -66,16 +71,28 @@ def _read_topics_tsv(path, report):
     except UnicodeDecodeError:
       report.add('not UTF-8', where)
       continue
-    except (ValueError, SyntaxError, TypeError):
+    except _NOT_A_TOPICS_ROW:
       report.add('malformed TSV row', where)
       continue
     yield where, question, answers
 
 
 def _read_web_questions(path, report):
-  rows = json.loads(epath.Path(path).read_text())
+  """WebQuestions: one JSON list of `{"qText", "answers"}` objects. The file
+  is one value, so a file that does not parse is refused whole, naming it."""
+  try:
+    rows = json.loads(epath.Path(path).read_bytes().decode('utf-8'))
+  except (ValueError, RecursionError) as error:  # Not UTF-8, or not JSON.
+    raise ValueError(f'{path}: not a JSON file ({error}).') from None
+  if not isinstance(rows, list):
+    raise ValueError(f'{path}: expected a JSON list of questions, got '
+                     f'{type(rows).__name__}.')
   for number, row in enumerate(rows):
-    yield f'{path}[{number}]', row.get('qText'), row.get('answers')
+    where = f'{path}[{number}]'
+    if isinstance(row, dict):
+      yield where, row.get('qText'), row.get('answers')
+    else:
+      report.add('not a JSON object', where)
 
 
 def _read_trec_tsv(path, report):
@@ -126,6 +143,16 @@ def data_dir(explicit: str | None = None) -> str:
   return path
 
 
+def _compiles(pattern: str) -> bool:
+  """Is `pattern` a valid answer regex? Besides re.error, `re` raises
+  OverflowError on a repeat such as a{99999999999} and RecursionError on
+  groups nested a thousand deep."""
+  try:
+    return compile_answer_pattern(pattern) is not None
+  except (OverflowError, RecursionError):
+    return False
+
+
 def _usable(rows, regex: bool, report: SkipReport) -> Iterator[QAExample]:
   """The rows with a question and an answer (a valid pattern when `regex`);
   the rest counted in `report`."""
@@ -138,8 +165,11 @@ def _usable(rows, regex: bool, report: SkipReport) -> Iterator[QAExample]:
       report.add('empty answer list', where)
       continue
     answers = [a for a in answers if isinstance(a, str) and a.strip()]
+    if not all(map(is_text, [question, *answers])):
+      report.add('not UTF-8', where)
+      continue
     if regex:
-      valid = [a for a in answers if compile_answer_pattern(a) is not None]
+      valid = [a for a in answers if _compiles(a)]
       if len(valid) < len(answers):
         report.add('invalid answer regex', where)
       if not valid:
@@ -166,10 +196,15 @@ def load(benchmark: str, split: str, directory: str | None = None,
   examples = []
   for name, reader in FILES[benchmark][split]:
     path = os.path.join(root, name)
-    if not epath.Path(path).exists():
-      raise FileNotFoundError(f'{benchmark}/{split}: missing {path}')
-    examples.extend(_usable(reader(path, report),
-                            benchmark in REGEX_ANSWERS, report))
+    if not epath.Path(path).is_file():
+      raise FileNotFoundError(f'{benchmark}/{split}: missing {path}'
+                              + _directory_note(path))
+    read = list(_usable(reader(path, report), benchmark in REGEX_ANSWERS,
+                        report))
+    if not read:
+      raise ValueError(f'{benchmark}/{split}: no usable question in {path}. '
+                       + report.summary())
+    examples.extend(read)
   if own_report and report:
     logging.warning('%s', report.summary())
   return examples
@@ -189,14 +224,19 @@ def _row_format(raw: bytes) -> str | None:
   try:
     if isinstance(json.loads(raw.decode('utf-8')), dict):
       return 'jsonl'
-  except ValueError:  # Not UTF-8, or not JSON.
+  except (ValueError, RecursionError):  # Not UTF-8, not JSON, too deep.
     pass
   try:
     if isinstance(_topics_row(raw)[1], list):
       return 'tsv'
-  except (ValueError, SyntaxError, TypeError):
+  except _NOT_A_TOPICS_ROW:
     pass
   return None
+
+
+def _directory_note(path) -> str:
+  """' (a directory)' where `path` is one: 'missing' alone would puzzle."""
+  return ' (a directory)' if epath.Path(path).is_dir() else ''
 
 
 def qa_file_format(path) -> str:
@@ -204,11 +244,11 @@ def qa_file_format(path) -> str:
   extension says (the first row is then a bad row, such as a header).
 
   Raises:
-    FileNotFoundError: no such file.
+    FileNotFoundError: no such file (or a directory).
     ValueError: neither says, or the file is empty; names the file and line.
   """
-  if not epath.Path(path).exists():
-    raise FileNotFoundError(f'No Open-QA file {path}.')
+  if not epath.Path(path).is_file():
+    raise FileNotFoundError(f'No Open-QA file {path}{_directory_note(path)}.')
   first = next(_lines(path), None)
   if first is None:
     raise ValueError(f'{path}: no question in the file.')

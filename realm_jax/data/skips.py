@@ -39,12 +39,37 @@ class SkipReport:
     return '\n'.join(lines)
 
 
-def parse_json_line(raw: bytes, where: str, report: SkipReport):
-  """One JSONL line, or None after counting why it is unreadable."""
+def parse_json_object(raw: bytes, where: str, report: SkipReport
+                      ) -> dict | None:
+  """One JSONL record, or None after counting why the line is not one.
+
+  Besides JSONDecodeError, json raises ValueError on an integer of over 4,300
+  digits and RecursionError on arrays nested some thousand deep: a bad line
+  all the same, not a reason to stop a long job. A line `null` is valid JSON
+  but no record: counted, not taken for a line that failed.
+  """
   try:
-    return json.loads(raw.decode('utf-8'))
+    row = json.loads(raw.decode('utf-8'))
   except UnicodeDecodeError:
     report.add('not UTF-8', where)
-  except json.JSONDecodeError:
+    return None
+  except (ValueError, RecursionError):
     report.add('invalid JSON', where)
-  return None
+    return None
+  if not isinstance(row, dict):
+    report.add('not a JSON object', where)
+    return None
+  return row
+
+
+def is_text(value) -> bool:
+  """Is `value` a string that UTF-8 can hold? A JSON escape (or a Python
+  literal) of a lone surrogate, '\\ud800', decodes to a str that cannot be
+  encoded again, to tokenize, hash or write."""
+  if not isinstance(value, str):
+    return False
+  try:
+    value.encode('utf-8')
+  except UnicodeEncodeError:
+    return False
+  return True

@@ -8,9 +8,19 @@ indexes come, and how stale they are, is the builder's cadence alone (see
 corpus and model before it is swapped in. Staleness is the trainer step minus
 the step of the parameters that embedded the index. An index the builder
 prunes while it is listed or loaded is skipped (see `run_directory`): the client keeps
-the index it has and looks again.
+the index it has and looks again. A damaged one (a crash's half-written file,
+a missing commit marker) is refused with the file named, set aside, and the
+previous good index served instead.
+
+With `lockstep_interval` the schedule is fixed instead: at step s the index of
+checkpoint I * (floor(s / I) - 1) is served (the first index until step 2I),
+waited for, and asked of the builder (`run_directory.request_index`) when it
+is missing. Each step's retrieval, so each loss, then depends on nothing but
+the run's settings: not on how fast the builder is, nor on kills and resumes.
 """
 
+import logging
+import time
 
 import gin
 import numpy as np
@@ -20,6 +30,8 @@ from realm_jax import run_directory
 from realm_jax.index import publication
 from realm_jax.index.exact import ExactSearcher
 
+log = logging.getLogger(__name__)
+
 
 @gin.configurable
 class IndexClient:
@@ -27,12 +39,16 @@ class IndexClient:
 
   `search_dtype`: the exact searcher's rows on the devices, e.g.
   'bfloat16' to halve the index's memory (None: as published, float32).
+  `lockstep_interval`: the fixed schedule above (None: the newest index);
+  the trainer must save a checkpoint at each multiple of it.
   """
 
   def __init__(self, model_dir: str, corpus_metadata: dict, dim: int,
                searcher: str = 'exact', devices=None,
                block_length: int | None = None, follow: bool = True,
-               search_dtype: str | None = None):
+               search_dtype: str | None = None,
+               lockstep_interval: int | None = None,
+               poll_seconds: float = 0.5):
     self.model_dir = model_dir
     self.corpus_metadata = corpus_metadata
     self.dim = dim
@@ -42,6 +58,10 @@ class IndexClient:
     self.devices = devices
     self.block_length = block_length
     self.search_dtype = search_dtype
+    if lockstep_interval is not None and lockstep_interval < 1:
+      raise ValueError(f'IndexClient.lockstep_interval={lockstep_interval} '
+                       'must be at least 1 (or None).')
+    self.lockstep_interval, self.poll_seconds = lockstep_interval, poll_seconds
     self.searcher = None
     self.index_step: int | None = None
     self.params_step: int | None = None  # The towers' step that embedded it.
@@ -63,18 +83,72 @@ class IndexClient:
     swapped. Without `follow`, only the first index (or a `force`d look)."""
     if not force and not self.follow and self.searcher is not None:
       return False
-    newest = self._newest_step()
-    if newest is None or newest == self.index_step:
+    while True:  # Each damaged step is set aside: the listing shrinks.
+      newest = self._newest_step()
+      if newest is None or newest == self.index_step:
+        return False
+      loaded = self._load(newest)
+      if loaded is not None:  # Swapped in, or vanished: look again later.
+        return loaded
+
+  def refresh_for(self, step: int | None) -> bool:
+    """Before retrieving with the parameters of `step` (updates done): the
+    lockstep schedule's index, or else `maybe_refresh`."""
+    if self.lockstep_interval is None or step is None or not self.follow:
+      return self.maybe_refresh()
+    wanted = self.lockstep_step(step)
+    if wanted == self.index_step:
       return False
-    loaded = publication.load_index(
-        self._manager, newest, self.corpus_metadata, self.dim,
-        self.searcher_kind, self.devices, self.block_length,
-        self.search_dtype)
+    asked_at = None
+    while True:
+      if self._newest_step() is not None and wanted in run_directory.reload(
+          self._manager) and self._load(wanted):
+        run_directory.clear_index_request(self.model_dir, wanted)
+        return True
+      if asked_at is None or time.monotonic() - asked_at > 60:
+        self._ask_for(wanted, step)
+        asked_at = time.monotonic()
+      time.sleep(self.poll_seconds)
+
+  def lockstep_step(self, step: int) -> int:
+    """The index step the lockstep schedule serves at trainer `step`."""
+    interval = self.lockstep_interval
+    return max(0, (step // interval - 1) * interval)
+
+  def _ask_for(self, wanted: int, step: int) -> None:
+    """Asks the builder for index `wanted` (again, every minute it is still
+    missing), once sure that its checkpoint is there to be embedded."""
+    if wanted not in run_directory.reload(
+        run_directory.trainer_checkpoints(self.model_dir)):
+      raise RuntimeError(
+          f'Step {step} is to retrieve from the index of checkpoint {wanted} '
+          f'(IndexClient.lockstep_interval={self.lockstep_interval}), but '
+          f'{run_directory.checkpoints_dir(self.model_dir)} does not keep '
+          'it: save a checkpoint at every multiple of the interval '
+          '(train.checkpoint_every) and keep 3 (train.keep_checkpoints).')
+    run_directory.request_index(self.model_dir, wanted)
+    log.info('step %d waits for index step %d; asked the index builder '
+             '(`realm-jax refresh` on %s)', step, wanted, self.model_dir)
+
+  def _load(self, step: int) -> bool | None:
+    """Swaps in index `step`: True; False if it vanished meanwhile; None if
+    it was damaged (refused, named in the log and set aside)."""
+    try:
+      loaded = publication.load_index(
+          self._manager, step, self.corpus_metadata, self.dim,
+          self.searcher_kind, self.devices, self.block_length,
+          self.search_dtype)
+    except run_directory.DamagedStepError as error:
+      log.error('Refused index step %d: %s', step, error)
+      run_directory.set_aside(run_directory.index_dir(self.model_dir), step)
+      return None
     if loaded is None:
       return False
-    self.searcher, self.index_step = loaded[0], newest
-    self.params_step = loaded[1].get('params_step', newest)
+    self.searcher, self.index_step = loaded[0], step
+    self.params_step = loaded[1].get('params_step', step)
     self.refreshes += 1
+    log.info('serving index step %d (embedded by the towers of step %d)',
+             step, self.params_step)
     return True
 
   def staleness(self, step: int) -> int | None:

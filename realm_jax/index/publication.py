@@ -224,6 +224,23 @@ def read_embeddings(manager: ocp.CheckpointManager,
   return None if restored is None else restored[run_directory.EMBEDDINGS]
 
 
+# What every reader of an index's metadata reads.
+METADATA_FIELDS = {'corpus_fingerprint': str, 'num_blocks': int, 'dim': int,
+                   'searcher': str}
+
+
+def _check_metadata(metadata, where: str) -> None:
+  """Refuses metadata that is not what `index_metadata` writes (garbage
+  that still parses as JSON)."""
+  wrong = ([f'{name} is not {kind.__name__}' for name, kind in
+            METADATA_FIELDS.items() if not isinstance(metadata.get(name), kind)]
+           if isinstance(metadata, dict) else ['not a JSON object'])
+  if wrong:
+    raise run_directory.DamagedStepError(
+        where, os.path.join(where, run_directory.METADATA,
+                            run_directory.METADATA), '; '.join(wrong))
+
+
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
                dim: int, searcher: str = 'exact', devices=None,
                block_length: int | None = None, search_dtype=None):
@@ -234,6 +251,7 @@ def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
   metadata = read_metadata(manager, step)
   if metadata is None:
     return None
+  _check_metadata(metadata, where)
   check_compatible(metadata, corpus_metadata, dim, where, block_length)
   removed = corpus_changes.removed_ids(corpus_metadata)
   if searcher == 'scann':
@@ -251,6 +269,11 @@ def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
   embeddings = read_embeddings(manager, step)
   if embeddings is None:
     return None
+  if embeddings.shape != (metadata['num_blocks'], metadata['dim']):
+    raise run_directory.DamagedStepError(
+        where, os.path.join(where, run_directory.EMBEDDINGS, EMBEDDINGS_FILE),
+        f'{embeddings.shape} embeddings, the metadata says '
+        f'{(metadata["num_blocks"], metadata["dim"])}')
   return ExactSearcher(embeddings, devices=devices, dtype=search_dtype,
                        removed=removed), metadata
 

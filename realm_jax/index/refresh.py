@@ -9,10 +9,14 @@ swaps in each index at its next step (see `client`). It exits when the
 trainer marks training done and the last step is published. A checkpoint the
 trainer prunes while it is listed or read is skipped (see `run_directory`),
 and a step published meanwhile (the trainer's first index, `corpus sync`'s)
-is left as it is: neither is fatal.
+is left as it is: neither is fatal. A damaged checkpoint (see
+`run_directory.DamagedStepError`) is named in the log and never embedded. A
+trainer waiting for one index (`IndexClient.lockstep_interval`) asks for it,
+and the builder embeds that checkpoint first.
 """
 
 import logging
+import os
 import time
 
 import gin
@@ -55,6 +59,22 @@ class IndexBuilder:
     self.checkpoints = run_directory.trainer_checkpoints(model_dir)
     self.last = self.index.latest_step()
     self.published = 0
+    self.damaged = set()  # (step, directory identity) of refused checkpoints.
+
+  def _identity(self, step: int):
+    """A checkpoint step and which directory holds it (its inode, on a local
+    disk): a damaged one set aside and saved again whole is a new one."""
+    where = os.path.join(self.checkpoints.directory, str(step))
+    if '://' in where:
+      return step, None
+    try:
+      return step, os.stat(where).st_ino
+    except FileNotFoundError:
+      return step, None
+
+  def _advance(self, step: int) -> None:
+    """`step` is published: the cadence counts from the newest index."""
+    self.last = step if self.last is None else max(self.last, step)
 
   def poll(self) -> str:
     """'published' a due step, 'waiting' for one, or training is 'done'."""
@@ -63,12 +83,25 @@ class IndexBuilder:
     saved = run_directory.reload(self.checkpoints)
     indexes = run_directory.reload(self.index)  # A trainer may have published first.
     if indexes:
-      self.last = max(self.last if self.last is not None else -1, indexes[-1])
+      self._advance(indexes[-1])
+    saved = [s for s in saved if self._identity(s) not in self.damaged]
+    requested = run_directory.requested_index(self.model_dir)
+    if requested in saved and requested not in indexes:
+      step = requested  # A trainer waits for exactly this one.
+    else:
+      step = due_step(saved, self.last, self.interval, done)
     # Embedding and publishing are collective: process 0's view decides.
-    step = due_step(saved, self.last, self.interval, done)
     due = distributed.agree(-1 if step is None else step)
     if due >= 0:
-      params = run_directory.restore_retriever_params(self.checkpoints, due)
+      try:
+        params = run_directory.restore_retriever_params(self.checkpoints, due)
+        damaged = False
+      except run_directory.DamagedStepError as error:
+        log.error('Not embedding checkpoint %d: %s', due, error)
+        params, damaged = None, True
+      if not distributed.everyone(not damaged):
+        self.damaged.add(self._identity(due))
+        return 'waiting'
       if not distributed.everyone(params is not None):
         return 'waiting'
       try:
@@ -78,9 +111,10 @@ class IndexBuilder:
       except ocp.checkpoint_manager.StepAlreadyExistsError:
         # Published meanwhile: the trainer's first index, or `corpus sync`.
         log.info('index step %d was published meanwhile; kept', due)
-        self.last = due
+        self._advance(due)
         return 'waiting'
-      self.last, self.published = due, self.published + 1
+      self._advance(due)
+      self.published += 1
       return 'published'
     return 'done' if distributed.agree(done) else 'waiting'
 

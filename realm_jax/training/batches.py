@@ -150,7 +150,7 @@ class MaskedLmBatches(_RetrievingBatches):
     else:
       retrieved = self.retrieval.dispatch_candidates(
           self.retrieval.query_embeddings(params['retriever'], query),
-          examples['block_id'])
+          examples['block_id'], step)
     # Of the index the search above reads.
     host_metrics = {'index_staleness': self.retrieval.client.staleness(step)}
 
@@ -211,7 +211,7 @@ class OpenQaBatches(_RetrievingBatches):
   def dispatch_prepare(self, examples, params, step):
     query = self.query(examples)
     client, retrieved = self.retrieval.client, self.objective.retrieved
-    client.maybe_refresh()
+    client.refresh_for(step)
     searched = client.dispatch(
         self.retrieval.query_embeddings(params['retriever'], query),
         min(retrieved, self.retrieval.blocks['token_ids'].shape[0]))

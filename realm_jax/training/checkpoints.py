@@ -8,13 +8,51 @@ renames a finished step into place, so a run killed at any moment leaves its
 previous checkpoint whole. Old steps are pruned through the trash, so the
 index builder never reads half of one. Readers of a finished or running
 run's parameters use `run_directory.restore_params`.
+
+A step that fails to restore is told apart: one laid out differently from
+what this code restores (the code or the config changed) stops the run
+(CheckpointMismatch); one with a damaged file or no commit marker
+(`run_directory.DamagedStepError`) is set aside into checkpoints/corrupt/ by
+`restore_newest`, which resumes from the step before. A save that fails on
+the disk (full, or any OS error) stops the run naming the last good step
+(CheckpointSaveFailed).
 """
 
-import orbax.checkpoint as ocp
+import json
+import logging
+import os
+import re
 
-from realm_jax import run_directory
+import orbax.checkpoint as ocp
+from etils import epath
+
+from realm_jax import distributed, run_directory
 from realm_jax.run_directory import DATA_POSITION, TRAIN_STATE, params_item
 from realm_jax.training.train_state import TrainState
+
+log = logging.getLogger(__name__)
+
+# TensorStore's words for a file it could not decode, or that lacks what its
+# manifest promised.
+_DAMAGE = re.compile(
+    r'\b(DATA_LOSS|OUT_OF_RANGE|NOT_FOUND|FAILED_PRECONDITION)\b'
+    r'|Error decoding')
+_LOCAL_FILE = re.compile(r'local file "([^"]+)"')  # Named by TensorStore.
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # TensorStore's errno.
+_DIFFERENCES_SHOWN = 5
+
+
+class CheckpointMismatch(ValueError):
+  """A whole step laid out otherwise than this code restores it: the code
+  or the config changed since it was saved. The step itself is fine."""
+
+
+class CheckpointSaveFailed(OSError):
+  """A save the disk refused; `errno` is the OS's."""
+
+  def __init__(self, message: str, code: int):
+    super().__init__(message)
+    self.errno = code
 
 
 class Checkpoints:
@@ -28,6 +66,7 @@ class Checkpoints:
             save_interval_steps=save_every, max_to_keep=keep, create=False,
             enable_async_checkpointing=True, cleanup_tmp_directories=True,
             multiprocessing_options=run_directory.every_process()))
+    self._writing = None  # The step being saved in the background.
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -39,37 +78,250 @@ class Checkpoints:
   def save(self, state: TrainState, step: int, data_position: dict,
            force: bool = False) -> bool:
     """Starts saving `state` (after `step` updates; passed in so that no
-    device sync is needed) if the step is due or `force`; True if so."""
+    device sync is needed) if the step is due or `force`; True if so. The
+    previous save is finished first: its failure is raised here."""
+    if not (force or self.due(step)):
+      return False
+    self._finish_writing()
     items = {params_item(k): ocp.args.StandardSave(v)
              for k, v in state.params.items()}
     items[TRAIN_STATE] = ocp.args.StandardSave(
         {'step': state.step, 'opt_state': state.opt_state, 'rng': state.rng})
     items[DATA_POSITION] = ocp.args.JsonSave(data_position)
-    saving = self.manager.save(step, args=ocp.args.Composite(**items),
-                               force=force)
+    try:
+      saving = self.manager.save(step, args=ocp.args.Composite(**items),
+                                 force=force)
+    except Exception as error:  # pylint: disable=broad-except
+      self._raise_save_failure(step, error)
+      raise
     if saving:  # Steps pruned by earlier saves (this one's go at the next).
+      self._writing = step
       run_directory.empty_trash(self.directory)
     return saving
 
   def restore(self, step: int, abstract: TrainState):
-    """(state, data_position) of `step`, placed as `abstract`'s shardings."""
-    items = {params_item(k): ocp.args.StandardRestore(v)
-             for k, v in abstract.params.items()}
-    items[TRAIN_STATE] = ocp.args.StandardRestore(
-        {'step': abstract.step, 'opt_state': abstract.opt_state,
-         'rng': abstract.rng})
+    """(state, data_position) of `step`, placed as `abstract`'s shardings.
+
+    Raises CheckpointMismatch when the step's items or trees differ from
+    `abstract`'s (a step missing an item counts: stopping is the safe side),
+    and run_directory.DamagedStepError when one of its files is missing or
+    damaged.
+    """
+    trees = {params_item(k): v for k, v in abstract.params.items()}
+    trees[TRAIN_STATE] = {'step': abstract.step,
+                          'opt_state': abstract.opt_state, 'rng': abstract.rng}
+    items = {k: ocp.args.StandardRestore(v) for k, v in trees.items()}
     items[DATA_POSITION] = ocp.args.JsonRestore()
-    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    where = epath.Path(self.directory) / str(step)
+    try:
+      run_directory.check_committed(where, list(items))
+      restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as error:  # pylint: disable=broad-except
+      self._explain_restore_failure(where, trees, error)
+      raise
     rest = restored[TRAIN_STATE]
     state = TrainState(
         step=rest['step'], opt_state=rest['opt_state'], rng=rest['rng'],
         params={k: restored[params_item(k)] for k in abstract.params})
     return state, restored[DATA_POSITION]
 
+  def restore_newest(self, abstract: TrainState):
+    """(step, state, data_position) of the newest step that reads back
+    whole; None without any step.
+
+    A damaged step is logged and passed over for the one before; once one
+    reads, the damaged ones are moved into checkpoints/corrupt/ (for
+    inspection; nothing deletes them) and their steps are saved anew. When
+    every step is damaged none is moved and RuntimeError is raised. A step
+    laid out for other code (CheckpointMismatch) stops the run instead:
+    passing over it would resume from older code's step, or from scratch.
+    """
+    damaged = []
+    for step in reversed(run_directory.reload(self.manager)):
+      try:
+        state, position = self.restore(step, abstract)
+        whole = True
+      except run_directory.DamagedStepError as error:
+        log.error('%s', error)
+        whole = False
+      if distributed.everyone(whole):
+        self._set_aside(damaged, step)
+        return step, state, position
+      damaged.append(step)
+    if damaged:
+      raise RuntimeError(
+          f'Every checkpoint in {self.directory} is damaged (steps '
+          f'{sorted(damaged)}; the errors are logged above); none was moved. '
+          'Repair or remove them, or use a new model_dir.')
+    return None
+
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    self._finish_writing()
     run_directory.empty_trash(self.directory)
 
   def close(self) -> None:
+    self._finish_writing()
     self.manager.close()
     run_directory.empty_trash(self.directory)
+
+  def _finish_writing(self) -> None:
+    try:
+      self.manager.wait_until_finished()
+    except Exception as error:  # pylint: disable=broad-except
+      self._raise_save_failure(self._writing, error)
+      raise
+    self._writing = None
+
+  def _raise_save_failure(self, step, error: Exception) -> None:
+    """Raises CheckpointSaveFailed when `error` came from the OS (a full
+    disk, ...): Orbax left the step's temporary directory, which no listing
+    shows and the next start deletes; the steps before are whole."""
+    code = _os_error_code(error)
+    if code is None:
+      return
+    kept = run_directory.reload(self.manager)
+    last = (f'the last good checkpoint is step {kept[-1]}.' if kept else
+            'there is no good checkpoint yet.')
+    raise CheckpointSaveFailed(
+        f'Saving checkpoint step {step} to {self.directory} failed: '
+        f'{os.strerror(code)}; {last}', code) from error
+
+  def _explain_restore_failure(self, where: epath.Path, trees: dict,
+                               error: Exception) -> None:
+    """Raises CheckpointMismatch or DamagedStepError for a restore of step
+    `where` that failed with `error`; returns when it is neither (or the
+    step is gone). The layout is looked at first: a restore into other
+    trees, or of other items, can fail in ways that look like damage."""
+    if not where.is_dir():
+      return
+    expected = set(trees) | {DATA_POSITION}
+    present = {p.name for p in where.iterdir() if p.is_dir()}
+    if present != expected:
+      raise CheckpointMismatch(
+          f'Checkpoint {where} does not match this code: it holds the items '
+          f'{sorted(present)}, this code restores {sorted(expected)}. '
+          'Resume with the code and config that saved it, or use a new '
+          'model_dir.') from error
+    if isinstance(error, run_directory.DamagedStepError):
+      return
+    # Named first: a tree read below would fail on it too, under its item.
+    unreadable = _unreadable_json(where)
+    if unreadable is not None:
+      raise run_directory.DamagedStepError(
+          where, unreadable, 'not JSON') from error
+    for item, tree in trees.items():
+      try:
+        differences = _tree_differences(where / item, tree)
+      except Exception as unreadable:  # pylint: disable=broad-except
+        if not _damage(unreadable):
+          return
+        raise run_directory.DamagedStepError(
+            where, *_damaged_file(unreadable, where / item)) from error
+      if differences:
+        raise CheckpointMismatch(
+            f'Checkpoint {where} does not match this code: its {item} '
+            f'differs from the trees this code and config build '
+            f'({"; ".join(differences)}). Resume with the code and config '
+            'that saved it, or use a new model_dir.') from error
+    if _damage(error):
+      raise run_directory.DamagedStepError(
+          where, *_damaged_file(error, where)) from error
+
+  def _set_aside(self, damaged: list[int], resumed: int) -> None:
+    """Moves the `damaged` steps into run_directory.DAMAGED (process 0; the
+    others wait for it), out of Orbax's listing and the pruning's reach."""
+    if not damaged:
+      return
+    if distributed.process_index() == 0:
+      for step in damaged:
+        run_directory.set_aside(self.directory, step)
+      log.warning('Resuming from checkpoint step %d of %s, the newest whole '
+                  'one.', resumed, self.directory)
+    distributed.everyone(True)  # Every process lists after the moves.
+    run_directory.reload(self.manager)
+
+
+def _chain(error: BaseException):
+  """`error` and the errors it was raised from or while handling."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def _damage(error: Exception) -> bool:
+  """Whether `error` says a file could not be read back: missing, cut
+  short, or not what its reader decodes."""
+  return any(isinstance(e, (FileNotFoundError, UnicodeDecodeError,
+                            json.JSONDecodeError))
+             or isinstance(e, ValueError) and _DAMAGE.search(str(e))
+             for e in _chain(error))
+
+
+def _damaged_file(error: Exception, where: epath.Path) -> tuple[str, str]:
+  """(the damaged file, what is wrong with it), as far as `error` says;
+  the file is `where` (a step or an item) when it names none."""
+  for e in _chain(error):
+    if isinstance(e, FileNotFoundError):
+      return (e.filename, 'missing') if e.filename else (str(where), str(e))
+    if isinstance(e, (UnicodeDecodeError, json.JSONDecodeError)):
+      return str(_unreadable_json(where) or where), f'not JSON ({e})'
+    if isinstance(e, ValueError) and _DAMAGE.search(str(e)):
+      # TensorStore names the file; the spec that follows is long.
+      problem = str(e).split(' [tensorstore_spec')[0]
+      files = _LOCAL_FILE.findall(problem)
+      return (files[-1] if files else str(where)), problem
+  return str(where), str(error)
+
+
+def _unreadable_json(where: epath.Path) -> epath.Path | None:
+  """The first of the JSON files Orbax reads back in step or item `where`
+  that does not decode."""
+  for item in ('', '*/'):
+    for name in ('_METADATA', 'array_metadatas/*', 'metadata'):
+      for path in sorted(where.glob(item + name)):
+        try:
+          json.loads(path.read_text())
+        except ValueError:
+          return path
+  return None
+
+
+def _tree_differences(item: epath.Path, tree) -> list[str]:
+  """How the tree saved in `item` differs from `tree` (its leaves' names and
+  shapes; dtypes are cast on restore); a few lines, empty when alike."""
+  handler = ocp.StandardCheckpointHandler()
+  try:
+    saved = _leaves(handler.metadata(item).tree)
+  finally:
+    handler.close()
+  wanted = _leaves(ocp.tree.serialize_tree(tree))
+  differences = (
+      [f'{n} is not in the checkpoint' for n in sorted(wanted.keys() - saved)]
+      + [f'{n} is in the checkpoint only'
+         for n in sorted(saved.keys() - wanted)]
+      + [f'{n} has shape {saved[n]} there, {wanted[n]} here'
+         for n in sorted(saved.keys() & wanted) if saved[n] != wanted[n]])
+  if len(differences) > _DIFFERENCES_SHOWN:
+    differences[_DIFFERENCES_SHOWN:] = [
+        f'{len(differences) - _DIFFERENCES_SHOWN} more']
+  return differences
+
+
+def _leaves(tree) -> dict:
+  """'a.b.c' -> shape of each leaf of `tree`."""
+  return {'.'.join(map(str, path)): tuple(getattr(leaf, 'shape', ()))
+          for path, leaf in ocp.tree.to_flat_dict(tree).items()}
+
+
+def _os_error_code(error: Exception) -> int | None:
+  """The errno of the OS error behind `error` (an OSError of a Python
+  write, or TensorStore's error text); None when none is."""
+  for e in _chain(error):
+    if isinstance(e, OSError) and e.errno:
+      return e.errno
+    code = _OS_ERROR_CODE.search(str(e))
+    if code:
+      return int(code.group(1))
+  return None

@@ -2,10 +2,14 @@
 
 The JSONL file (one {"step": ..., name: value} object per write) is what
 scripts and plots read without TensorBoard. model_dir may be local or gs://.
+A run resumed from step s first drops the rows after s (written before a
+kill, past the checkpoint it resumes from), so each step's row is written
+exactly once whatever was killed when.
 """
 
 import contextlib
 import json
+import logging
 import os
 
 import jax
@@ -50,3 +54,29 @@ def create_writer(model_dir: str, name: str = 'train'
           os.path.join(model_dir, 'tensorboard', name), asynchronous=False),
       JsonlWriter(metrics_path(model_dir, name)),
   ])
+
+
+def drop_rows_after(path: str, step: int) -> int:
+  """Keeps the rows of steps <= `step` (and drops a last line a kill cut
+  short); returns how many rows were dropped. The file is replaced whole."""
+  path = epath.Path(path)
+  if not path.exists():
+    return 0
+  kept, dropped = [], 0
+  for line in path.read_text().splitlines():
+    try:
+      row = json.loads(line)
+      keep = int(row['step']) <= step
+    except (ValueError, KeyError, TypeError):
+      keep = False  # Cut short by a kill mid-write.
+    if keep:
+      kept.append(line + '\n')
+    else:
+      dropped += 1
+  if dropped:
+    partial = path.parent / f'.{path.name}.{os.getpid()}'
+    partial.write_text(''.join(kept))
+    partial.replace(path)
+    logging.info('%s: dropped %d rows past step %d, the checkpoint this run '
+                 'resumes from', path, dropped, step)
+  return dropped

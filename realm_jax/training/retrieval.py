@@ -175,14 +175,16 @@ class CandidateRetrieval:
     """
     return self.dispatch_candidates(query_embeddings, source_ids)()
 
-  def dispatch_candidates(self, query_embeddings, source_ids):
-    """`candidates` in two parts: the look for a newer index and the search's
-    device work now; the returned function does the host's share (the
-    search's result, the candidate list, the gather from host memory)."""
+  def dispatch_candidates(self, query_embeddings, source_ids,
+                          step: int | None = None):
+    """`candidates` in two parts: the look for a newer index (the one for
+    trainer `step`, see `IndexClient.refresh_for`) and the search's device
+    work now; the returned function does the host's share (the search's
+    result, the candidate list, the gather from host memory)."""
     exclude = (np.asarray(source_ids) if self.exclude_source else
                np.full(len(query_embeddings), NULL_DOCUMENT_ID))
     if self.fetch:
-      self.client.maybe_refresh()
+      self.client.refresh_for(step)
       searched = self.client.dispatch(query_embeddings, self.fetch, exclude)
     else:  # The null document alone: the reader without retrieval.
       empty = np.zeros((len(query_embeddings), 0), np.int32)

@@ -22,13 +22,14 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-from realm_jax import distributed, run_directory
+from realm_jax import distributed, run_directory, run_guard
 from realm_jax.progress import Progress
 from realm_jax.training import input_pipeline, optimizer, partitioning
 from realm_jax.training.batches import BatchPreparer
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.curves import plot_curves
-from realm_jax.training.metric_writer import create_writer, metrics_path
+from realm_jax.training.metric_writer import (create_writer, drop_rows_after,
+                                              metrics_path)
 from realm_jax.training.objectives import Objective
 from realm_jax.training.run_kinds import RunKind
 from realm_jax.training.train_state import TrainState
@@ -225,95 +226,102 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   """
   distributed.initialize()
   model_dir = run_directory.absolute(model_dir)
-  mesh = partitioning.make_mesh()
-  trainer = Trainer(run.objective, mesh, num_steps, seed)
-  preparer = run.batch_preparer(model_dir, mesh)
-  checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
-  data_shards = data_shards or jax.process_count()
-  position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
-              'data_shards': data_shards}  # Shards decide the order.
-  latest = checkpoints.latest_step()
-  warm_index = None
-  if latest is None:
-    started = run.warm_start(trainer.fresh_params())
-    state, warm_index = trainer.initial_state(started.params), started.index
-    checkpoints.save(state, 0, {**position, 'batches': 0}, force=True)
-    # Done before the run publishes its first index: two Orbax managers'
-    # cross-process barriers must not interleave.
+  # One trainer per run directory, and only on a layout this code reads.
+  with run_guard.TrainerLock(model_dir):
+    run_guard.check_format(model_dir)
+    mesh = partitioning.make_mesh()
+    trainer = Trainer(run.objective, mesh, num_steps, seed)
+    preparer = run.batch_preparer(model_dir, mesh)
+    checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
+    data_shards = data_shards or jax.process_count()
+    position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
+                'data_shards': data_shards}  # Shards decide the order.
+    resumed = checkpoints.restore_newest(trainer.abstract_state)
+    warm_index = None
+    if resumed is None:
+      started = run.warm_start(trainer.fresh_params())
+      state, warm_index = trainer.initial_state(started.params), started.index
+      checkpoints.save(state, 0, {**position, 'batches': 0}, force=True)
+      # Done before the run publishes its first index: two Orbax managers'
+      # cross-process barriers must not interleave.
+      checkpoints.wait()
+    else:
+      latest, state, saved = resumed
+      _check_position(saved, position, checkpoints.directory, latest)
+      log.info('resumed from step %d of %s', latest, checkpoints.directory)
+    start = int(state.step)
+    preparer.start(state.params, start, warm_index)
+    if jax.process_index() == 0:
+      drop_rows_after(metrics_path(model_dir), start)
+    writer = create_writer(model_dir)
+    if jax.process_index() == 0:
+      # The operative config, for evaluation and serving to rebuild the run.
+      run_directory.config_path(model_dir).write_text(
+          gin.operative_config_str())
+    evaluate = lambda params, step: held_out_metrics(
+        run, preparer, trainer.evaluate, mesh, params, step,
+        eval_batch_size or batch_size, eval_batches, seed)
+    if eval_every and start == 0:
+      _write(writer, 0, evaluate(state.params, 0), 'eval/')
+    data = input_pipeline.batches(run.task, 'train', run.shapes, batch_size,
+                                  seed=seed, skip_batches=start,
+                                  data_shards=data_shards)
+    progress = Progress('train', num_steps, unit='steps', every_s=10,
+                        done=start, also=(batch_size, 'examples'))
+    window, window_start = [], time.perf_counter()
+    ready = None  # This step's (inputs, host metrics), when prefetched.
+    for step in range(start + 1, num_steps + 1):
+      started = time.perf_counter()
+      if ready is None:
+        ready = preparer.prepare(next(data), state.params, step - 1)
+      inputs, host_metrics = ready
+      # The next batch's device work is queued before this step (with the
+      # parameters it starts from, before they are donated to it); its host
+      # work runs while the device steps.
+      ahead = prefetch and step < num_steps and not checkpoints.due(step)
+      host_part = ahead and preparer.dispatch_prepare(next(data), state.params,
+                                                      step)
+      prepared = time.perf_counter()
+      state, metrics = trainer.step(state, inputs)
+      ready = host_part() if host_part else None
+      metrics = {**jax.device_get(metrics), **host_metrics,
+                 # The loop's own work before the step (this batch's inputs
+                 # unless prefetched, the next one's device work) vs the step.
+                 'prepare_seconds': prepared - started,
+                 'step_seconds': time.perf_counter() - prepared}
+      if not math.isfinite(float(metrics['loss'])):
+        checkpoints.wait()  # The last good one, finished.
+        raise FloatingPointError(
+            f'Loss is {float(metrics["loss"])} at step {step}; the last good '
+            f'checkpoint is step {checkpoints.latest_step()} in '
+            f'{checkpoints.directory}.')
+      # Rows before the save: a row past the newest checkpoint is dropped on
+      # resume, and none is missing.
+      window.append(metrics)
+      if step % log_every == 0 or step == num_steps:
+        elapsed = time.perf_counter() - window_start
+        summary = {k: float(np.mean([m[k] for m in window])) for k in window[0]
+                   if all(m[k] is not None for m in window)}
+        summary['steps_per_second'] = len(window) / elapsed
+        summary['examples_per_second'] = len(window) * batch_size / elapsed
+        _write(writer, step, summary)
+        window, window_start = [], time.perf_counter()
+      if eval_every and step % eval_every == 0:
+        _write(writer, step, evaluate(state.params, step), 'eval/')
+      checkpoints.save(state, step, {**position, 'batches': step},
+                       force=step == num_steps)
+      progress.update(1)
     checkpoints.wait()
-  else:
-    state, saved = checkpoints.restore(latest, trainer.abstract_state)
-    _check_position(saved, position, checkpoints.directory, latest)
-    log.info('resumed from step %d of %s', latest, checkpoints.directory)
-  start = int(state.step)
-  preparer.start(state.params, start, warm_index)
-  writer = create_writer(model_dir)
-  if jax.process_index() == 0:
-    # The operative config, for evaluation and serving to rebuild the run.
-    run_directory.config_path(model_dir).write_text(
-        gin.operative_config_str())
-  evaluate = lambda params, step: held_out_metrics(
-      run, preparer, trainer.evaluate, mesh, params, step,
-      eval_batch_size or batch_size, eval_batches, seed)
-  if eval_every and start == 0:
-    _write(writer, 0, evaluate(state.params, 0), 'eval/')
-  data = input_pipeline.batches(run.task, 'train', run.shapes, batch_size,
-                                seed=seed, skip_batches=start,
-                                data_shards=data_shards)
-  progress = Progress('train', num_steps, unit='steps', every_s=10,
-                      done=start, also=(batch_size, 'examples'))
-  window, window_start = [], time.perf_counter()
-  ready = None  # This step's (inputs, host metrics), when prefetched.
-  for step in range(start + 1, num_steps + 1):
-    started = time.perf_counter()
-    if ready is None:
-      ready = preparer.prepare(next(data), state.params, step - 1)
-    inputs, host_metrics = ready
-    # The next batch's device work is queued before this step (with the
-    # parameters it starts from, before they are donated to it); its host
-    # work runs while the device steps.
-    ahead = prefetch and step < num_steps and not checkpoints.due(step)
-    host_part = ahead and preparer.dispatch_prepare(next(data), state.params,
-                                                    step)
-    prepared = time.perf_counter()
-    state, metrics = trainer.step(state, inputs)
-    ready = host_part() if host_part else None
-    metrics = {**jax.device_get(metrics), **host_metrics,
-               # The loop's own work before the step (this batch's inputs
-               # unless prefetched, the next one's device work) vs the step.
-               'prepare_seconds': prepared - started,
-               'step_seconds': time.perf_counter() - prepared}
-    if not math.isfinite(float(metrics['loss'])):
-      checkpoints.wait()  # The last good one, finished.
-      raise FloatingPointError(
-          f'Loss is {float(metrics["loss"])} at step {step}; the last good '
-          f'checkpoint is step {checkpoints.latest_step()} in '
-          f'{checkpoints.directory}.')
-    checkpoints.save(state, step, {**position, 'batches': step},
-                     force=step == num_steps)
-    window.append(metrics)
-    if step % log_every == 0 or step == num_steps:
-      elapsed = time.perf_counter() - window_start
-      summary = {k: float(np.mean([m[k] for m in window])) for k in window[0]
-                 if all(m[k] is not None for m in window)}
-      summary['steps_per_second'] = len(window) / elapsed
-      summary['examples_per_second'] = len(window) * batch_size / elapsed
-      _write(writer, step, summary)
-      window, window_start = [], time.perf_counter()
-    if eval_every and step % eval_every == 0:
-      _write(writer, step, evaluate(state.params, step), 'eval/')
-    progress.update(1)
-  checkpoints.wait()
-  checkpoints.close()
-  writer.close()
-  preparer.finish()  # First: the index builder must stop whatever follows.
-  if jax.process_index() == 0:
-    try:
-      plot_curves(metrics_path(model_dir),
-                  os.path.join(model_dir, 'train_curves.png'))
-    except (ValueError, OSError) as error:
-      log.warning('No training-curves plot: %s', error)
-  return state
+    checkpoints.close()
+    writer.close()
+    preparer.finish()  # First: the index builder must stop whatever follows.
+    if jax.process_index() == 0:
+      try:
+        plot_curves(metrics_path(model_dir),
+                    os.path.join(model_dir, 'train_curves.png'))
+      except (ValueError, OSError) as error:
+        log.warning('No training-curves plot: %s', error)
+    return state
 
 
 def _write(writer, step: int, metrics: dict, prefix: str = '') -> None:

@@ -1,0 +1,177 @@
+"""What keeps a trainer from damaging a run directory it should not touch.
+
+Two files in model_dir, next to those `run_directory` describes:
+  trainer.lock      locked (flock) by the trainer for its whole life, naming
+                    its pid and host: a second trainer on the same directory
+                    would interleave its checkpoints and indexes with the
+                    first one's;
+  run_format.json   the layout the run's checkpoints were written in: code
+                    that lays them out differently must not resume them.
+"""
+
+import fcntl
+import json
+import logging
+import os
+import socket
+
+from etils import epath
+
+import realm_jax
+from realm_jax import distributed, run_directory
+from realm_jax.run_directory import DATA_POSITION, TRAIN_STATE, params_item
+
+log = logging.getLogger(__name__)
+
+LOCK = 'trainer.lock'
+FORMAT_FILE = 'run_format.json'
+# The run directory's layout. Bump it with any change that makes the code
+# read an existing run directory differently.
+RUN_FORMAT = 1
+CHECKPOINT_ITEMS = sorted([params_item('retriever'), params_item('reader'),
+                           TRAIN_STATE, DATA_POSITION])
+# What a run directory written before run_format.json existed holds.
+FIRST_FORMAT = {'format': 1, 'checkpoint_items': [
+    'data_position', 'reader_params', 'retriever_params', 'train_state']}
+
+
+class TrainerRunning(RuntimeError):
+  """Another process trains in this model_dir."""
+
+
+class FormatMismatch(ValueError):
+  """The run directory was written in another layout than this code's."""
+
+
+class TrainerLock:
+  """An exclusive lock on model_dir for one trainer, held until `release`
+  (or the end of a `with` block).
+
+  The kernel drops a flock when the process holding it dies, however it
+  dies, so a killed trainer never blocks the next one. Process 0 alone takes
+  it (a run's processes share the directory). A model_dir that is a URL gets
+  none: flock only works on a local (or NFS) file.
+  """
+
+  def __init__(self, model_dir: str):
+    self.model_dir = model_dir
+    self.path = os.path.join(model_dir, LOCK)
+    self._file = None
+
+  def acquire(self) -> 'TrainerLock':
+    """Takes the lock, or raises TrainerRunning naming its holder."""
+    if distributed.process_index():
+      return self
+    if '://' in self.model_dir:
+      log.info('No trainer lock on %s (not a local directory): nothing '
+               'stops a second trainer there.', self.model_dir)
+      return self
+    epath.Path(self.model_dir).mkdir(parents=True, exist_ok=True)
+    # Opened without truncating: the holder's pid stays readable.
+    descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = _holder(descriptor)
+      os.close(descriptor)
+      raise TrainerRunning(
+          f'{self.model_dir} is being trained by {holder}; stop it first, '
+          f'or use another model_dir (lock: {self.path}).') from None
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, json.dumps(
+        {'pid': os.getpid(), 'host': socket.gethostname()}).encode(), 0)
+    self._file = descriptor
+    return self
+
+  def release(self) -> None:
+    if self._file is None:
+      return
+    # Emptied before the lock goes: no later reader takes this process for
+    # the holder.
+    os.ftruncate(self._file, 0)
+    os.close(self._file)
+    self._file = None
+
+  def __enter__(self) -> 'TrainerLock':
+    return self.acquire()
+
+  def __exit__(self, *unused_exception) -> None:
+    self.release()
+
+
+def _holder(descriptor: int) -> str:
+  """'pid N on host H' from a held lock file."""
+  try:
+    holder = json.loads(os.pread(descriptor, 4096, 0))
+    return f'pid {holder["pid"]} on host {holder["host"]}'
+  except (ValueError, KeyError, TypeError):
+    return 'another process (which has not written its pid yet)'
+
+
+def current_format() -> dict:
+  return {'format': RUN_FORMAT, 'checkpoint_items': CHECKPOINT_ITEMS,
+          'realm_jax': realm_jax.__version__}
+
+
+def check_format(model_dir: str) -> None:
+  """Refuses (FormatMismatch) a run directory whose checkpoints were
+  written in another layout than this code's, before anything reads them:
+  another format version, or other checkpoint item names. Another
+  realm_jax version alone is only logged.
+
+  A run directory with checkpoints but no format file was written before
+  the file existed, in the first format: it is checked as that, and the
+  file is written. So is a directory without checkpoints (a new run).
+  """
+  path = epath.Path(model_dir) / FORMAT_FILE
+  if _has_checkpoints(model_dir):
+    if path.exists():
+      _compare(_read(path), str(path))
+      return
+    log.info('%s has checkpoints but no %s (they predate it): taken as '
+             'format %d.', model_dir, FORMAT_FILE, FIRST_FORMAT['format'])
+    _compare(FIRST_FORMAT, f'{model_dir} (no {FORMAT_FILE}: format 1)')
+  if distributed.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = path.parent / (FORMAT_FILE + '.tmp')
+    written.write_text(json.dumps(current_format(), indent=2) + '\n')
+    written.replace(path)  # Whole for other processes reading it meanwhile.
+
+
+def _has_checkpoints(model_dir: str) -> bool:
+  directory = epath.Path(run_directory.checkpoints_dir(model_dir))
+  return directory.is_dir() and any(
+      p.name.isdigit() for p in directory.iterdir())
+
+
+def _read(path: epath.Path) -> dict:
+  try:
+    recorded = json.loads(path.read_text())
+    if not isinstance(recorded, dict):
+      raise ValueError(f'a JSON {type(recorded).__name__}, not an object')
+    return recorded
+  except ValueError as error:
+    raise FormatMismatch(
+        f'{path} is unreadable ({error}). If this run was written by this '
+        'code version, delete it (it is written again); otherwise use the '
+        'version that wrote the run, or a new model_dir.') from error
+
+
+def _compare(recorded: dict, source: str) -> None:
+  current = current_format()
+  differences = [
+      f'{name} {recorded.get(key)!r} there, {current[key]!r} here'
+      for key, name in (('format', 'format'),
+                        ('checkpoint_items', 'checkpoint items'))
+      if recorded.get(key) != current[key]]
+  written_by = recorded.get('realm_jax', 'an unrecorded version')
+  if differences:
+    raise FormatMismatch(
+        f'{source}: this run directory was written by realm_jax {written_by} '
+        f'in another layout than this code reads: {"; ".join(differences)}. '
+        'Resume it with the code version that wrote it, or use a new '
+        'model_dir.')
+  if 'realm_jax' in recorded and written_by != current['realm_jax']:
+    log.warning('%s was written by realm_jax %s, this is %s; its layout is '
+                'the same, so the run goes on.', source, written_by,
+                current['realm_jax'])

@@ -1,0 +1,26 @@
+"""The chaos harness at its short size: each kind of fault at least once on a
+real trainer and index builder, and nothing lost (docs/reliability.md has
+the long run)."""
+
+import collections
+
+import pytest
+
+from benchmarks import chaos
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FAULTS = 6  # One of each kind: the harness takes the kinds in turn.
+
+
+def test_every_kind_of_fault_is_survived_with_the_same_losses(tmp_path):
+  result = chaos.run(num_faults=FAULTS, work_dir=str(tmp_path), seed=3,
+                     steps=30, pace=0.3)
+  kinds = collections.Counter(fault['kind'] for fault in result['faults'])
+  assert set(kinds) == {kind for kind, _ in chaos.FAULTS}, kinds
+  assert sum(kinds.values()) == FAULTS
+  for episode in result['episodes']:
+    assert episode['passed'], episode
+  total = chaos.summary(result)[-1]
+  assert total['recovered'] == total['losses identical'] == FAULTS, total
+  assert total['steps lost or wrong'] == 0
