@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     'safetensors>=0.4',
     'spacy>=3.7.5,<3.9',
     'matplotlib>=3.8',
+    'regex>=2023.0',  # DPR's has_answer: its tokenizer's \p{L} classes.
     'numpy',
 ]
 # The benchmarks' peers: faiss-cpu, and Hugging Face's PyTorch BERT (the CPU

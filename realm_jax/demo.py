@@ -300,9 +300,9 @@ def _recall_comparisons(eval_dir: str, pairs) -> dict:
   rows = lambda name: qa_evaluation.read_predictions(
       os.path.join(eval_dir, name), 'nq_open')
   return {f'{a}_vs_{b}': {
-      'recall@5': qa_evaluation.compare(rows(a), rows(b), 'answer_in_top_k'),
+      'recall@5': qa_evaluation.compare(rows(a), rows(b), 'top-5'),
       'recall@5_answer_in_corpus': qa_evaluation.compare(
-          rows(a), rows(b), 'answer_in_top_k', answer_in_corpus_only=True)}
+          rows(a), rows(b), 'top-5', answer_in_corpus_only=True)}
           for a, b in pairs}
 
 
@@ -326,7 +326,7 @@ def _end_to_end_comparisons(eval_dir: str) -> dict:
   out = {f'{metric}{subset}': qa_evaluation.compare(
       trained, frozen, field, answer_in_corpus_only=bool(subset))
          for metric, field in (('em', 'correct'),
-                               ('recall@5', 'answer_in_top_k'))
+                               ('recall@5', 'top-5'))
          for subset in ('', '_answer_in_corpus')}
   out.update(_recall_comparisons(eval_dir, [('qa_realm', 'realm'),
                                             ('qa_realm_end_to_end', 'realm')]))
@@ -537,6 +537,7 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
                c('em', task, 'em_answer_in_corpus'), paper)]
   if sizes.get('end_to_end'):
     lines += _end_to_end_markdown(results, sizes)
+  lines += _top_k_markdown(results)
   lines += ['', '## Index freshness, with the builder beside the trainer', '',
             '| run | mean staleness (steps) | max | indexes kept |',
             '|---|---|---|---|']
@@ -560,6 +561,34 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
   lines += [f'| {k} | {v:.0f} |' for k, v in timings.items()]
   lines += [f'| total | {sum(timings.values()):.0f} |', '']
   return '\n'.join(lines)
+
+
+def _top_k_markdown(results: dict) -> list[str]:
+  """NQ top-k retrieval accuracy of every model scored, DPR's rule."""
+  scored = [(name, row) for name, row in results.items()
+            if isinstance(row, dict) and 'top-5' in row]
+  scored += [(f'{name} ({task})', row) for name, tasks in results.items()
+             if name.startswith('qa_') and isinstance(tasks, dict)
+             for task, row in tasks.items()
+             if isinstance(row, dict) and 'top-5' in row]
+  if not scored:
+    return []
+  ks = [k for k in qa_evaluation.TOP_K
+        if all(f'top-{k}' in row for _, row in scored)]
+  lines = ['', '## Retrieval: top-k accuracy', '',
+           "An answer is in a block by DPR's has_answer (tokens of DPR's "
+           'SimpleTokenizer, uncased); all questions, then those with an '
+           'answer in some block of the corpus.', '',
+           '| model | questions | answer in corpus | ' + ' | '.join(
+               f'top-{k}' for k in ks) + ' | ' + ' | '.join(
+                   f'top-{k}, in corpus' for k in ks) + ' |',
+           '|---|---|---|' + '---|' * (2 * len(ks))]
+  for name, row in scored:
+    lines.append(
+        f'| {name} | {row["questions"]:,} | {row["answer_in_corpus"]:,} | ' +
+        ' | '.join(_f(row[f'top-{k}']) for k in ks) + ' | ' +
+        ' | '.join(_f(row[f'top-{k}_answer_in_corpus']) for k in ks) + ' |')
+  return lines
 
 
 def _end_to_end_markdown(results: dict, sizes: dict) -> list[str]:

@@ -105,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
   evaluate = commands.add_parser(
       'eval', help='Score a run on an Open-QA test set (a benchmark\'s, or '
       'any file of questions) through seqio.Evaluator: exact match (regex '
-      'match for CuratedTREC) of a fine-tuning run, and retrieval recall@5 '
-      'of any run.')
+      'match for CuratedTREC) of a fine-tuning run, and the top-1/5/20/100 '
+      'retrieval accuracy of any run (DPR\'s has_answer).')
   evaluate.add_argument('--model_dir', required=True,
                         help='A `realm-jax train` run (ICT, pre-training or '
                         'fine-tuning).')
@@ -128,6 +128,21 @@ def _parser() -> argparse.ArgumentParser:
                         "is (the task's name gets _regex).")
   evaluate.add_argument('--output_dir', default=None,
                         help='Default: model_dir/eval.')
+  evaluate.add_argument('--top_k', type=int, default=100,
+                        help='Blocks retrieved per question (at most every '
+                        'block); top-k accuracy is reported for k = 1, 5, '
+                        '20 and 100 up to it.')
+  evaluate.add_argument('--retrieval_output', default=None, metavar='FILE',
+                        help="Also write the retrievals (each question's "
+                        'top_k blocks with id, title, text, score and '
+                        'has_answer) as the JSON that DPR\'s retriever '
+                        'writes, for its and Pyserini\'s scorers; one task.')
+  evaluate.add_argument('--retrieval_format', default='dpr',
+                        choices=('dpr', 'pyserini'),
+                        help="--retrieval_output's layout: DPR's list with "
+                        "'ctxs', or the question-keyed object with "
+                        "'contexts' that Pyserini's evaluate_dpr_retrieval "
+                        'reads.')
   evaluate.add_argument('--step', type=int, default=None,
                         help='Checkpoint to score (default: the newest).')
   evaluate.add_argument('--batch_size', type=int, default=32)
@@ -342,17 +357,23 @@ def _eval(args) -> None:
     raise SystemExit(f'realm-jax eval: {error}') from error
   gin_files = args.gin_file or ()
   output_dir = args.output_dir or os.path.join(args.model_dir, 'eval')
+  tasks = [t for t in args.task if t != 'masked_lm'] + file_tasks
+  if args.retrieval_output and len(tasks) != 1:
+    raise SystemExit('realm-jax eval: --retrieval_output is one file; give '
+                     f'one QA task, not {len(tasks)}.')
+  if args.top_k < 1:
+    raise SystemExit(f'realm-jax eval: --top_k {args.top_k}: give 1 or more.')
   if 'masked_lm' in args.task:
     summary = masked_lm.evaluate(args.model_dir, output_dir, 'masked_lm',
                                  gin_files, args.gin_bindings, args.batch_size,
                                  step=args.step)
     print('masked_lm: ' + ', '.join(f'{k} {v}' for k, v in summary.items()))
-  tasks = [t for t in args.task if t != 'masked_lm'] + file_tasks
   predictor = tasks and qa_evaluation.QAPredictor(
-      args.model_dir, args.step, gin_files, args.gin_bindings)
+      args.model_dir, args.step, gin_files, args.gin_bindings, args.top_k)
   for task in tasks:
-    summary = qa_evaluation.evaluate(predictor, task, output_dir,
-                                     args.batch_size, args.num_examples)
+    summary = qa_evaluation.evaluate(
+        predictor, task, output_dir, args.batch_size, args.num_examples,
+        args.retrieval_output, args.retrieval_format)
     print(f'{task} ({predictor.kind} step {predictor.step}, index step '
           f'{summary["index_step"]}): ' + ', '.join(
               f'{k} {v:.2f}' if isinstance(v, float) else f'{k} {v}'
@@ -365,7 +386,7 @@ def _ask(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
   with _one_or_many('ask', args.question, args.questions, args.output) as (
       questions, _, write):
-    predictor = QAPredictor(args.model_dir)
+    predictor = QAPredictor(args.model_dir, top_k=1)  # It reads candidates.
     for n, (_, question) in enumerate(questions):
       result = predictor.ask(question)
       if n:

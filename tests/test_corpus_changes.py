@@ -165,7 +165,7 @@ def test_ask_answers_from_an_added_block_until_it_is_removed(
   assert 'index step 2 published (0 block(s) embedded in 0.0 s)' in (
       capsys.readouterr().out)
   gin.clear_config()
-  run = QAPredictor(model_dir, recall_k=12)  # Every live block.
+  run = QAPredictor(model_dir, top_k=12)  # Every live block.
   retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
   assert sorted(retrieved['block_ids']) == list(range(12))
   assert all(12 not in a.per_block for a in retrieved['answers'])
@@ -197,7 +197,7 @@ def test_trainer_and_builder_restart_on_a_changed_corpus(zebra):
   assert builder.poll() == 'published' and builder.last == 4
   assert publication.read_embeddings(builder.index, 4).shape[0] == 13
   gin.clear_config()
-  run = QAPredictor(model_dir, recall_k=12)  # Every live block.
+  run = QAPredictor(model_dir, top_k=12)  # Every live block.
   assert run.retrieval.client.index_step == 4
   retrieved = run.predict(run.query([QUESTION], run.query_length))[0]
   assert sorted(retrieved['block_ids']) == [i for i in range(13) if i != 3]

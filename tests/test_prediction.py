@@ -1,6 +1,7 @@
 """`realm-jax fill`: the marginal over the retrieved documents, with provenance."""
 
 import json
+import shutil
 
 import gin
 import numpy as np
@@ -41,12 +42,25 @@ def test_fill_marginal_is_the_mixture_of_the_conditionals():
   np.testing.assert_allclose(np.exp(log_p_y_z), p_y_z, atol=1e-6)
 
 
+@pytest.fixture(scope='module')
+def trained_pretraining(tmp_path_factory, small_corpus):
+  """A 2-step tiny pre-training run, trained once; tests take copies."""
+  model_dir = str(tmp_path_factory.mktemp('trained') / 'pretrain')
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('REALM_CORPUS_DIR', small_corpus)
+    train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
+  return model_dir
+
+
+def _copy(run: str, tmp_path) -> str:
+  return shutil.copytree(run, str(tmp_path / 'pretrain'))
+
+
 @pytest.mark.integration
 @pytest.mark.usefixtures('small_corpus_env')
-def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys,
-                                                     monkeypatch):
-  model_dir = str(tmp_path / 'pretrain')
-  train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
+def test_fill_prints_the_marginal_and_every_document(
+    trained_pretraining, tmp_path, capsys, monkeypatch):
+  model_dir = _copy(trained_pretraining, tmp_path)
   monkeypatch.chdir(tmp_path)  # A relative model_dir, as from the shell.
   loaded = run_loader.load_run('pretrain')
   assert (loaded.kind, loaded.model_dir, loaded.step, loaded.index_step) == (
@@ -101,9 +115,9 @@ def test_fill_prints_the_marginal_and_every_document(tmp_path, capsys,
 
 @pytest.mark.integration
 @pytest.mark.usefixtures('small_corpus_env')
-def test_masked_lm_eval_with_and_without_retrieval(tmp_path):
-  model_dir = str(tmp_path / 'pretrain')
-  train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
+def test_masked_lm_eval_with_and_without_retrieval(trained_pretraining,
+                                                   tmp_path):
+  model_dir = _copy(trained_pretraining, tmp_path)
   out = str(tmp_path / 'eval')
   realm = masked_lm.evaluate(model_dir, out, 'realm', batch_size=8,
                              max_queries=20)

@@ -15,7 +15,7 @@ from realm_jax.evaluation import qa_evaluation
 from realm_jax.evaluation.answers import BlockTexts, answers_of
 from realm_jax.training import run_loader
 from tasks import open_qa as open_qa_tasks
-from tests.helpers import ARTICLES, NQ_TEST, TREC_TEST, finetuned
+from tests.helpers import NQ_TEST, TREC_TEST, finetuned
 
 
 
@@ -34,20 +34,29 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
   _flat_reader(predictor)
   out = str(zebra / 'eval')
   nq = qa_evaluation.evaluate(predictor, 'nq_open', out, batch_size=3)
-  assert nq['questions'] == 4 and nq['answer_in_corpus'] == 3
+  # By DPR's rule 'zebra.' is in no block: its '.' is a token, and no
+  # block has 'Zebra' before a full stop. Exact match still normalizes it.
+  assert nq['questions'] == 4 and nq['answer_in_corpus'] == 2
   assert nq['exact_match'] == 50.0  # 'Zebra' and 'zebra.' match.
-  np.testing.assert_allclose(nq['exact_match_answer_in_corpus'], 200 / 3)
-  assert nq['recall@5'] == 75.0 and nq['recall@5_answer_in_corpus'] == 100.0
+  assert nq['exact_match_answer_in_corpus'] == 50.0
+  # Every block is retrieved (12 < 100), so top-k stops at 5; 'Zebra' and
+  # 'stripes' are in every block.
+  assert nq['retrieved'] == 12 and 'top-20' not in nq
+  assert nq['top-1'] == nq['top-5'] == 50.0
+  assert nq['top-5_answer_in_corpus'] == 100.0
   assert nq['unaligned_spans'] == 0
   rows = [json.loads(line) for line in open(f'{out}/nq_open_predictions.jsonl')]
   assert [r['prediction'] for r in rows] == ['Zebra'] * 4  # Its casing.
   assert [r['correct'] for r in rows] == [True, True, False, False]
-  assert all(len(r['retrieved']) == 5 and r['retrieved'][0]['title']
+  assert all(len(r['retrieved']) == 12 and r['retrieved'][0]['title']
              for r in rows)
+  assert [r['answer_rank'] for r in rows] == [1, None, None, 1]
+  assert rows[1]['answer_in_top'] == {'1': False, '5': False}
+  assert [c['has_answer'] for c in rows[0]['retrieved']] == [True] * 12
   # p(y|x) = sum_z p(z|x) / (number of spans in z): one span each, uniform.
   assert all(0 < r['p_answer'] <= 1 for r in rows)
   trec = qa_evaluation.evaluate(predictor, 'curated_trec', out)
-  assert trec['regex_match'] == 50.0 and trec['recall@5'] == 50.0
+  assert trec['regex_match'] == 50.0 and trec['top-5'] == 50.0
   # The same questions from files of their own score the same.
   nq_file = zebra / 'nq.jsonl'
   nq_file.write_text(''.join(json.dumps({'question': q, 'answer': a}) + '\n'
@@ -64,12 +73,21 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
   # The command line: its own predictor (the trained reader), the same
   # retrieval.
   main.main(['eval', f'--model_dir={model_dir}', f'--qa_file={nq_file}',
-             f'--output_dir={out}/cli'])
+             f'--output_dir={out}/cli', '--top_k=3',
+             f'--retrieval_output={out}/retrieval.json'])
   task = open_qa_tasks.register_qa_file(str(nq_file))
   with open(f'{out}/cli/{task}_metrics.json') as f:
     cli = json.load(f)
-  assert (cli['questions'], cli['answer_in_corpus'], cli['recall@5']) == (
-      4, 3, 75.0)
+  assert (cli['questions'], cli['answer_in_corpus'], cli['top-1'],
+          cli['retrieved']) == (4, 2, 50.0, 3)
+  assert 'top-5' not in cli  # Only 3 retrieved.
+  # The retrievals, read back as DPR's and Pyserini's scorers read them.
+  with open(f'{out}/retrieval.json') as f:
+    assert _dpr_top_k(json.load(f), (1, 3)) == [50.0, 50.0]
+  rows = qa_evaluation.read_predictions(out, 'nq_open')
+  pyserini = qa_evaluation.retrieval_file(rows, predictor.texts, 'pyserini')
+  assert _pyserini_top_k(json.loads(json.dumps(pyserini)), (1, 5, 12)) == [
+      nq['top-1'], nq['top-5'], 50.0]
   assert 'exact_match' in cli
   bad = zebra / 'notes.txt'
   bad.write_text('who has stripes? the zebra\n')
@@ -79,18 +97,32 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
     main.main(['eval', f'--model_dir={model_dir}'])
 
 
-@pytest.mark.unit
-@pytest.mark.parametrize('references,regex', [
-    (['Zebra'], False), (['São Paulo'], False), (['sao paulo'], False),
-    (['stripes zebra'], False),  # Across two blocks: not an answer.
-    (['giraffe'], False), (['the'], False),
-    (['zeb.a'], True), (['stripes.*Zebra'], True), (['(unclosed'], True),
-])
-def test_answer_in_corpus_is_has_answer_of_some_block(references, regex):
-  """AnswerIndex joins every block once; the rule is has_answer's."""
-  bodies = [a['text'] for a in ARTICLES]
-  assert qa_evaluation.AnswerIndex(bodies).anywhere(references, regex) == any(
-      answer_matching.has_answer(b, references, regex) for b in bodies)
+def _dpr_top_k(questions, ks):
+  """Top-k accuracy (%) as DPR's `calculate_matches` counts it from a
+  retriever's output, each has_answer checked against the block's text."""
+  first = []
+  for question in questions:
+    for ctx in question['ctxs']:
+      assert float(ctx['score']) <= float(question['ctxs'][0]['score'])
+      assert ctx['has_answer'] == answer_matching.has_answer(
+          ctx['text'], question['answers'], False), ctx
+    hits = [ctx['has_answer'] for ctx in question['ctxs']]
+    first.append(hits.index(True) if any(hits) else None)
+  return [100 * np.mean([f is not None and f < k for f in first]) for k in ks]
+
+
+def _pyserini_top_k(retrieval, ks):
+  """Top-k accuracy (%) as Pyserini's `evaluate_dpr_retrieval` counts it."""
+  accuracy = {k: [] for k in ks}
+  for qid in retrieval:
+    contexts = retrieval[qid]['contexts']
+    first = next((i for i, c in enumerate(contexts[:max(ks)])
+                  if c['has_answer']), max(ks))
+    title, body = contexts[0]['text'].split('\n', 1)
+    assert title and body
+    for k in ks:
+      accuracy[k].append(first < k)
+  return [100 * np.mean(accuracy[k]) for k in ks]
 
 
 @pytest.mark.integration
@@ -182,3 +214,17 @@ def test_ask_prints_the_answer_and_its_blocks(zebra, capsys, monkeypatch):
         b['title'] and 0 <= b['p_z'] <= 1 and 'p_y_given_z' in b
         for b in row['blocks'])
     assert sum(b['p_z'] for b in row['blocks']) == pytest.approx(1, abs=1e-4)
+
+
+@pytest.mark.unit
+def test_eval_offers_the_retrieval_file_and_refuses_it_for_two_tasks(capsys):
+  with pytest.raises(SystemExit):
+    main.main(['eval', '--help'])
+  assert '--retrieval_output' in capsys.readouterr().out
+  with pytest.raises(SystemExit, match='one QA task, not 2'):
+    main.main(['eval', '--model_dir=x', '--task=nq_open',
+               '--task=web_questions', '--retrieval_output=r.json'])
+  with pytest.raises(SystemExit, match='--top_k 0'):
+    main.main(['eval', '--model_dir=x', '--task=nq_open', '--top_k=0'])
+  with pytest.raises(ValueError, match="'dpr' or 'pyserini'"):
+    qa_evaluation.retrieval_file([], None, 'kilt')

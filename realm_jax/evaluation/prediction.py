@@ -222,15 +222,15 @@ class QAPredictor(RestoredRun):
   """
 
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
-               gin_bindings=(), recall_k: int = 5, top_spans: int = 8,
+               gin_bindings=(), top_k: int = 100, top_spans: int = 8,
                question_length: int = 64):
-    """`question_length`: wordpieces of a question for a run that does not
+    """`top_k`: blocks retrieved per question, at most every block.
+    `question_length`: wordpieces of a question for a run that does not
     answer (Finetune's default); a fine-tuning run reads its own. A
     fine-tuning run picks answers by its `Finetune.answer_rule`."""
     super().__init__(model_dir, step, gin_files, gin_bindings)
     self.reads = self.kind == 'Finetune'
     self.answer_rule = self.run.answer_rule if self.reads else None
-    self.recall_k = recall_k
     self.query_length = (self.run.shapes['query_token_ids'][0] if self.reads
                          else question_length)
     if self.reads:
@@ -246,21 +246,22 @@ class QAPredictor(RestoredRun):
     else:
       self.retrieval = batches.corpus_retrieval(
           self.model_dir, self.mesh, self.run.retriever(), self.tokenizer,
-          self.run.corpus_name, recall_k, block_length=self.run.block_length)
+          self.run.corpus_name, top_k, block_length=self.run.block_length)
       self.retrieval.index_at(self.step, self.params['retriever'])
       self.preparer, self.num_candidates = None, 0
+    self.top_k = min(top_k, self.retrieval.client.searcher.num_docs)
 
   def predict(self, query: dict) -> list[dict]:
-    """Per question: the top `recall_k` blocks (ids, retrieval scores) and,
+    """Per question: the top `top_k` blocks (ids, retrieval scores) and,
     for a fine-tuning run, its answers (`answers.Answer`), most probable
     first, with the candidates' p(z|x)."""
     retrieval = self.retrieval
-    fetch = max(self.recall_k, self.num_candidates)
+    fetch = max(self.top_k, self.num_candidates)
     scores, ids = retrieval.client.search(
         retrieval.query_embeddings(self.params['retriever'], query), fetch)
     scores, ids = np.asarray(scores), np.asarray(ids)
-    results = [{'block_ids': [int(i) for i in row[:self.recall_k]],
-                'retrieval_scores': [float(s) for s in srow[:self.recall_k]]}
+    results = [{'block_ids': [int(i) for i in row[:self.top_k]],
+                'retrieval_scores': [float(s) for s in srow[:self.top_k]]}
                for row, srow in zip(ids, scores)]
     if not self.reads:
       return results

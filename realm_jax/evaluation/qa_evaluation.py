@@ -5,11 +5,13 @@ question of a file registered by `tasks.open_qa.register_qa_file`), hands
 its questions to a `QAPredictor` (through `QAFeatureConverter`, as t5x's
 eval.py hands batches to a model) and applies the task's own metric: exact
 match, or regex match for CuratedTREC and files of answer patterns. Beside
-it this module measures retrieval: recall@k, the fraction of questions with
-an answer string in one of their top-k blocks, and which questions have an
-answer anywhere in the corpus (the subset the small embedded corpus can
-answer at all). Every prediction is written as a JSONL row with its
-retrieved blocks.
+it this module measures retrieval as DPR and every later paper print it:
+top-k accuracy at k = 1, 5, 20 and 100 (REALM's recall@5 is top-5), the
+fraction of questions with an answer in one of their top k blocks by DPR's
+`has_answer`, and which questions have an answer anywhere in the corpus
+(the subset the small embedded corpus can answer at all). Every prediction
+is written as a JSONL row with its retrieved blocks; the retrievals can
+also be written as the files DPR's and Pyserini's scorers read.
 """
 
 import json
@@ -26,6 +28,10 @@ from realm_jax.progress import Progress
 from realm_jax.training.batches import token_arrays
 
 Spec = seqio.FeatureConverter.FeatureSpec
+
+# The k of top-k accuracy, DPR's and Pyserini's (k past what a run
+# retrieves left out).
+TOP_K = (1, 5, 20, 100)
 
 
 class QAFeatureConverter(seqio.FeatureConverter):
@@ -53,32 +59,18 @@ class QAFeatureConverter(seqio.FeatureConverter):
     return {'query_token_ids': task_feature_lengths['query_token_ids']}
 
 
-class AnswerIndex:
-  """Does an answer occur anywhere in the corpus, as
-  `answer_matching.has_answer` decides for one block? All blocks joined
-  once, one search per answer."""
-
-  def __init__(self, texts):
-    texts = list(texts)
-    # Newlines separate blocks: normalized text has none, and regex '.'
-    # does not cross them.
-    self._normalized = ' ' + ' \n '.join(
-        answer_matching.normalize_answer(t) for t in texts) + ' '
-    self._raw = '\n'.join(texts)
-
-  def anywhere(self, references, regex: bool) -> bool:
-    if regex:
-      return answer_matching.pattern_found(self._raw, references)
-    return answer_matching.answer_found(self._normalized, references)
-
-
 def evaluate(predictor: QAPredictor, task: str, output_dir: str,
-             batch_size: int = 32, num_examples: int | None = None) -> dict:
+             batch_size: int = 32, num_examples: int | None = None,
+             retrieval_output: str | None = None,
+             retrieval_format: str = 'dpr') -> dict:
   """Scores `predictor` on the test split of `task`.
 
   Writes output_dir/<task>_predictions.jsonl and <task>_metrics.json and
   returns the metrics: exact_match (or regex_match) when the predictor reads,
-  recall@k, and both again on the questions whose answer is in the corpus.
+  top-k accuracy for each k of `TOP_K` the predictor retrieves, and both
+  again on the questions whose answer is in the corpus. With
+  `retrieval_output`, also writes the retrievals there in
+  `retrieval_format` ('dpr' or 'pyserini', see `retrieval_file`).
   """
   # The task's metric says how its answers match: as strings or patterns.
   regex = (metrics.regex_match in
@@ -117,23 +109,27 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     task_metrics = {}
 
   texts = predictor.texts
-  answer_index = AnswerIndex(texts.bodies.values())
+  corpus_answers = answer_matching.CorpusAnswers(texts.bodies)
   rows = []
   for index, example in enumerate(examples):
     references = [a.decode('utf-8') for a in example['answers']]
     result = results[index]
-    retrieved = [texts.bodies[i] for i in result['block_ids'] if i >= 0]
+    retrieved = [(i, s) for i, s in zip(result['block_ids'],
+                                        result['retrieval_scores']) if i >= 0]
+    hits = [corpus_answers.holds(i, references, regex) for i, _ in retrieved]
+    rank = hits.index(True) + 1 if any(hits) else None
     answers = result.get('answers') or []
     prediction = answers[0].text if answers else ''
     row = {
         'question': example['question'].decode('utf-8'),
         'references': references,
-        'answer_in_top_k': answer_matching.answer_in_top_k(
-            references, retrieved, regex),
-        'answer_in_corpus': answer_index.anywhere(references, regex),
+        'answer_rank': rank,
+        'answer_in_top': {str(k): rank is not None and rank <= k
+                          for k in TOP_K if k <= predictor.top_k},
+        'answer_in_corpus': corpus_answers.anywhere(references, regex),
         'retrieved': [{'block_id': i, 'title': texts.titles.get(i, ''),
-                       'score': s} for i, s in zip(
-                           result['block_ids'], result['retrieval_scores'])],
+                       'score': s, 'has_answer': hit}
+                      for (i, s), hit in zip(retrieved, hits)],
     }
     if predictor.reads:
       row.update(
@@ -145,7 +141,6 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
           candidates=result['candidates'])
     rows.append(row)
 
-  k = predictor.recall_k
   percent = lambda xs: 100.0 * float(np.mean(xs)) if len(xs) else 0.0
   subset = [r for r in rows if r['answer_in_corpus']]
   summary = {
@@ -153,11 +148,13 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
       'run_kind': predictor.kind, 'step': predictor.step,
       'index_step': predictor.retrieval.client.index_step,
       'questions': len(rows), 'answer_in_corpus': len(subset),
-      f'recall@{k}': percent([r['answer_in_top_k'] for r in rows]),
-      f'recall@{k}_answer_in_corpus': percent(
-          [r['answer_in_top_k'] for r in subset]),
-      **{name: float(v) for name, v in task_metrics.items()},
+      'retrieved': predictor.top_k,
   }
+  for k in rows[0]['answer_in_top'] if rows else ():
+    summary[f'top-{k}'] = percent([r['answer_in_top'][k] for r in rows])
+    summary[f'top-{k}_answer_in_corpus'] = percent(
+        [r['answer_in_top'][k] for r in subset])
+  summary.update({name: float(v) for name, v in task_metrics.items()})
   if predictor.reads:
     name = 'regex_match' if regex else 'exact_match'
     own = percent([r['correct'] for r in rows])
@@ -172,7 +169,36 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   (output / f'{task}_predictions.jsonl').write_text(
       ''.join(json.dumps(row) + '\n' for row in rows))
   (output / f'{task}_metrics.json').write_text(json.dumps(summary, indent=2))
+  if retrieval_output:
+    epath.Path(retrieval_output).write_text(json.dumps(
+        retrieval_file(rows, texts, retrieval_format), indent=1))
   return summary
+
+
+def retrieval_file(rows: list[dict], texts, kind: str = 'dpr'):
+  """The retrievals of `evaluate`'s rows as DPR's retriever writes them
+  (kind 'dpr': a list of {question, answers, ctxs: [{id, title, text,
+  score, has_answer}]}, read by DPR's evaluation), or as Pyserini's
+  `evaluate_dpr_retrieval` reads them (kind 'pyserini': {question number:
+  {question, answers, contexts: [{docid, score, text: title and body on
+  two lines, has_answer}]}}). Scores are strings, as DPR writes them."""
+  if kind == 'dpr':
+    return [{'question': r['question'], 'answers': r['references'],
+             'ctxs': [{'id': str(c['block_id']), 'title': c['title'],
+                       'text': texts.bodies[c['block_id']],
+                       'score': str(c['score']),
+                       'has_answer': c['has_answer']}
+                      for c in r['retrieved']]} for r in rows]
+  if kind == 'pyserini':
+    return {str(n): {'question': r['question'], 'answers': r['references'],
+                     'contexts': [{'docid': str(c['block_id']),
+                                   'score': str(c['score']),
+                                   'text': f'{c["title"]}\n'
+                                           f'{texts.bodies[c["block_id"]]}',
+                                   'has_answer': c['has_answer']}
+                                  for c in r['retrieved']]}
+            for n, r in enumerate(rows)}
+  raise ValueError(f"retrieval_format {kind!r}: 'dpr' or 'pyserini'.")
 
 
 def read_predictions(output_dir: str, task: str) -> list[dict]:
@@ -180,14 +206,21 @@ def read_predictions(output_dir: str, task: str) -> list[dict]:
   return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _value(row: dict, field: str) -> bool:
+  if field.startswith('top-'):
+    return row['answer_in_top'][field[len('top-'):]]
+  return row[field]
+
+
 def compare(rows_a: list[dict], rows_b: list[dict], field: str,
             answer_in_corpus_only: bool = False, **kwargs) -> dict:
-  """A - B in points of a per-question field ('answer_in_top_k' for
-  recall@k, 'correct' for EM) over the same questions, with its paired
-  bootstrap interval; optionally only where the answer is in the corpus."""
+  """A - B in points of a per-question field ('top-5' for top-5 accuracy,
+  REALM's recall@5; 'correct' for EM) over the same questions, with its
+  paired bootstrap interval; optionally only where the answer is in the
+  corpus."""
   if [r['question'] for r in rows_a] != [r['question'] for r in rows_b]:
     raise ValueError('The two evaluations answered different questions.')
-  pairs = [(a[field], b[field]) for a, b in zip(rows_a, rows_b)
+  pairs = [(_value(a, field), _value(b, field)) for a, b in zip(rows_a, rows_b)
            if a['answer_in_corpus'] or not answer_in_corpus_only]
   a, b = (np.array(x, np.float64) for x in zip(*pairs))
   return bootstrap.paired_interval(a, b, scale=100, **kwargs)
