@@ -586,8 +586,9 @@ def _top_k_markdown(results: dict) -> list[str]:
   for name, row in scored:
     lines.append(
         f'| {name} | {row["questions"]:,} | {row["answer_in_corpus"]:,} | ' +
-        ' | '.join(_f(row[f'top-{k}']) for k in ks) + ' | ' +
-        ' | '.join(_f(row[f'top-{k}_answer_in_corpus']) for k in ks) + ' |')
+        ' | '.join(_f(row[f'top-{k}'], 2) for k in ks) + ' | ' +
+        ' | '.join(_f(row[f'top-{k}_answer_in_corpus'], 2) for k in ks) +
+        ' |')
   return lines
 
 
