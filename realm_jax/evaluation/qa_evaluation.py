@@ -109,6 +109,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     task_metrics = {}
 
   texts = predictor.texts
+  ks = [k for k in TOP_K if k <= predictor.top_k]
   corpus_answers = answer_matching.CorpusAnswers(texts.bodies)
   rows = []
   for index, example in enumerate(examples):
@@ -125,7 +126,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
         'references': references,
         'answer_rank': rank,
         'answer_in_top': {str(k): rank is not None and rank <= k
-                          for k in TOP_K if k <= predictor.top_k},
+                          for k in ks},
         'answer_in_corpus': corpus_answers.anywhere(references, regex),
         'retrieved': [{'block_id': i, 'title': texts.titles.get(i, ''),
                        'score': s, 'has_answer': hit}
@@ -150,10 +151,10 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
       'questions': len(rows), 'answer_in_corpus': len(subset),
       'retrieved': predictor.top_k,
   }
-  for k in rows[0]['answer_in_top'] if rows else ():
-    summary[f'top-{k}'] = percent([r['answer_in_top'][k] for r in rows])
+  for k in ks:
+    summary[f'top-{k}'] = percent([r['answer_in_top'][str(k)] for r in rows])
     summary[f'top-{k}_answer_in_corpus'] = percent(
-        [r['answer_in_top'][k] for r in subset])
+        [r['answer_in_top'][str(k)] for r in subset])
   summary.update({name: float(v) for name, v in task_metrics.items()})
   if predictor.reads:
     name = 'regex_match' if regex else 'exact_match'
