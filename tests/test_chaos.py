@@ -15,7 +15,7 @@ FAULTS = 6  # One of each kind: the harness takes the kinds in turn.
 
 def test_every_kind_of_fault_is_survived_with_the_same_losses(tmp_path):
   result = chaos.run(num_faults=FAULTS, work_dir=str(tmp_path), seed=3,
-                     steps=30, pace=0.3)
+                     steps=20, pace=0.3)
   kinds = collections.Counter(fault['kind'] for fault in result['faults'])
   assert set(kinds) == {kind for kind, _ in chaos.FAULTS}, kinds
   assert sum(kinds.values()) == FAULTS

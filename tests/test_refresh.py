@@ -18,10 +18,8 @@ from realm_jax import run_directory
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
 from realm_jax.index.refresh import IndexBuilder, due_step
-from realm_jax.index.embed import DocumentEmbedder, block_arrays
 from realm_jax.evaluation import qa_evaluation
-from tests.helpers import (TINY, BuilderStandIn, TrainerStandIn,
-                           tiny_retriever, train_tiny)
+from tests.helpers import TINY, BuilderStandIn, TrainerStandIn, train_tiny
 
 pytestmark = pytest.mark.integration
 
@@ -58,41 +56,6 @@ def _builder(model_dir, corpus_dir, code=None):
 @pytest.fixture
 def dirs(small_corpus, tmp_path):
   return str(tmp_path / 'model'), os.path.join(small_corpus, 'wiki_leads')
-
-
-@pytest.mark.slow
-def test_trainer_sees_refreshes_from_the_builder_process(dirs):
-  model_dir, corpus_dir = dirs
-  builder = _builder(model_dir, corpus_dir)
-  trainer = TrainerStandIn(model_dir, corpus_dir)
-  staleness, step, deadline = [], 0, time.time() + 240
-  while trainer.client.refreshes < 3:
-    assert time.time() < deadline and builder.poll() is None, \
-        builder.stdout.read()
-    step += 1
-    if step % 5 == 1:
-      trainer.save(step)
-    trainer.client.maybe_refresh()
-    if trainer.client.index_step is not None:
-      staleness.append(trainer.client.staleness(step))
-    time.sleep(0.05)
-  run_directory.mark_training_done(model_dir)
-  assert builder.wait(timeout=120) == 0
-  log = builder.stdout.read()
-  assert log.count('published index step') >= 3
-  assert 'docs/s' in log and 'training done' in log
-  assert staleness and min(staleness) >= 0 and max(staleness) > 0
-
-  # The builder's embeddings are the document tower's, at the index's step.
-  arrays = block_arrays(corpus_dir)
-  index_step = trainer.client.index_step
-  expected = DocumentEmbedder(tiny_retriever(), 16)(
-      trainer.saved[index_step], arrays)
-  manager = publication.index_manager(run_directory.index_dir(model_dir), True)
-  published = publication.read_embeddings(manager, index_step)
-  np.testing.assert_allclose(published, expected, rtol=1e-4, atol=1e-4)
-  _, ids = trainer.client.search(expected[:3], 4, exclude_ids=[0, 1, 2])
-  assert not np.any(ids == np.arange(3)[:, None])
 
 
 # A builder slower than the trainer: each embedding takes an extra second.
