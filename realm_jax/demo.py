@@ -42,7 +42,7 @@ import time
 from etils import epath
 
 from launch import local
-from realm_jax import embedded, run_directory
+from realm_jax import embedded, errors, run_directory
 from realm_jax.data import corpus, open_qa, salient_spans
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
@@ -336,7 +336,11 @@ def _end_to_end_comparisons(eval_dir: str) -> dict:
 def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
   """Every stage of `preset` in order; returns (and writes) the results."""
   if preset not in PRESETS:
-    raise ValueError(f'preset={preset!r}; expected one of {sorted(PRESETS)}.')
+    raise errors.BadConfig(f'preset={preset!r}; expected one of '
+                           f'{sorted(PRESETS)}.')
+  if epath.Path(work_dir).exists() and not epath.Path(work_dir).is_dir():
+    raise errors.BadConfig(f'--work_dir {work_dir} is a file; the demo '
+                           'writes its runs into a directory.')
   sizes = PRESETS[preset]
   if '://' not in work_dir:
     work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.

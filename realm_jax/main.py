@@ -6,15 +6,53 @@ import functools
 import json
 import os
 import sys
+import traceback
+
+from realm_jax import errors
+
+# Set (to anything but 0) to see the traceback of a user error too.
+DEBUG_ENV = 'REALM_JAX_DEBUG'
+# Reported by --version: realm-jax's own and the packages it runs on.
+PACKAGES = ('realm-jax', 'jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint',
+            'seqio', 'tensorflow-text', 'scann', 'gin-config')
+
+
+class _Version(argparse.Action):
+  """Prints what --version promises, then exits."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    for package in PACKAGES:
+      try:
+        version = metadata.version(package)
+      except metadata.PackageNotFoundError:
+        version = 'not installed'
+      print(f'{package} {version}')
+    import jax  # pylint: disable=g-import-not-at-top
+    print('devices: ' + ', '.join(str(d) for d in jax.devices()))
+    parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='realm-jax',
-      description='REALM retrieval-augmented pre-training in JAX.')
+      description='REALM retrieval-augmented pre-training in JAX.',
+      epilog='A user error (a missing run, a bad file, bad gin) is one line '
+      'and exit code 2; --debug, or $REALM_JAX_DEBUG=1, adds its traceback.')
+  parser.add_argument('--version', action=_Version, nargs=0,
+                      help="realm-jax's version, the packages it runs on "
+                      'and the devices JAX sees.')
+  parser.add_argument('--debug', action='store_true',
+                      help='Show the traceback of a user error too.')
+  # --debug after the command too; SUPPRESS keeps a missing one from
+  # overriding a given one.
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument('--debug', action='store_true', default=argparse.SUPPRESS,
+                      help='Show the traceback of a user error too.')
   commands = parser.add_subparsers(dest='command', required=True)
+  command = functools.partial(commands.add_parser, parents=[common])
 
-  demo = commands.add_parser(
+  demo = command(
       'demo', help='REALM in miniature on the embedded default: corpus, '
       'ICT, the reader\'s warm start, pre-training with the index builder '
       'beside it against a trained no-retrieval baseline, every comparison '
@@ -31,9 +69,10 @@ def _parser() -> argparse.ArgumentParser:
                     'document tower frozen and trained (--work_dir=runs/demo '
                     'reuses the demo\'s stages).')
 
-  data = commands.add_parser('data', help='Build and annotate corpora.')
+  data = command('data', help='Build and annotate corpora.')
   steps = data.add_subparsers(dest='step', required=True)
-  build = steps.add_parser(
+  step = functools.partial(steps.add_parser, parents=[common])
+  build = step(
       'build-corpus', help='Chunk articles into blocks of <= 288 wordpieces.')
   build.add_argument('--output_dir', default=None,
                      help='Default: $REALM_CORPUS_DIR/wiki_leads (or '
@@ -45,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                      help='WordPiece vocab.txt (default: the embedded one).')
   build.add_argument('--max_block_length', type=int, default=288)
   build.add_argument('--blocks_per_shard', type=int, default=100_000)
-  annotate = steps.add_parser(
+  annotate = step(
       'annotate', help='Find salient spans (entities, dates) in a corpus.')
   annotate.add_argument('--corpus_dir', default=None,
                         help='Default: the wiki_leads corpus directory.')
@@ -59,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument('--gin_bindings', action='append', default=[],
                          help="e.g. \"BertConfig.dtype = 'bfloat16'\".")
 
-  embed = commands.add_parser(
+  embed = command(
       'embed', help='Embed every block of a corpus with the document tower.')
   embed.add_argument('--corpus_dir', default=None,
                      help='Default: the wiki_leads corpus directory.')
@@ -74,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
   embed.add_argument('--batch_size', type=int, default=64)
   add_gin(embed, 'gin/models/minilm_l6.gin')
 
-  train = commands.add_parser(
+  train = command(
       'train', help='Train one run kind (ICT, REALM pre-training, Open-QA '
       'fine-tuning) as configured by gin; resumes from model_dir.',
       epilog='Layer gin files like t5x: a run, then a setup, e.g. '
@@ -86,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
                      help='gin config (repeatable; later files override).')
   train.add_argument('--gin_bindings', action='append', default=[])
 
-  fill = commands.add_parser(
+  fill = command(
       'fill', help='Fill the [MASK]s of a sentence with a pre-training run, '
       'showing the documents it retrieved and how each one votes.')
   fill_inputs = fill.add_mutually_exclusive_group(required=True)
@@ -102,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
                     '(JSONL): the filled text, p(y|x) of each [MASK], and '
                     'each document with p(z|x) and p(y|z,x).')
 
-  evaluate = commands.add_parser(
+  evaluate = command(
       'eval', help='Score a run on an Open-QA test set (a benchmark\'s, or '
       'any file of questions) through seqio.Evaluator: exact match (regex '
       'match for CuratedTREC) of a fine-tuning run, and the top-1/5/20/100 '
@@ -151,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
   add_gin(evaluate, "the run's model_dir/config.gin alone; files given here "
           'are layered over it')
 
-  ask = commands.add_parser(
+  ask = command(
       'ask', help='Answer a question with a fine-tuning run, showing the '
       'blocks it read and how each one supports the answer.')
   ask_inputs = ask.add_mutually_exclusive_group(required=True)
@@ -167,7 +206,27 @@ def _parser() -> argparse.ArgumentParser:
                    '(JSONL): the answer, its probability, the runners-up '
                    'and each block with p(z|x) and p(y|z,x).')
 
-  refresh = commands.add_parser(
+  search = command(
+      'search', help="Retrieve with any run's retriever (ICT, pre-training, "
+      'fine-tuning, or MiniLM\'s warm start): the top blocks of a query with '
+      'their scores and p(z|x) over them. The quickest look at what a '
+      'retriever learned.')
+  search_inputs = search.add_mutually_exclusive_group(required=True)
+  search_inputs.add_argument('query', nargs='?',
+                             help='e.g. "origin of species author"')
+  search_inputs.add_argument('--queries', default=None,
+                             help='A file of queries, one a line ("-": '
+                             'standard input), searched by one loaded model.')
+  search.add_argument('--model_dir', required=True,
+                      help='A `realm-jax train` run of any kind.')
+  search.add_argument('--top_k', type=int, default=5,
+                      help='Blocks shown per query (at most every block).')
+  search.add_argument('--output', default=None,
+                      help='Also write one JSON object per query here '
+                      '(JSONL): each block with its id, title, opening '
+                      'words, score and p(z|x).')
+
+  refresh = command(
       'refresh', help='The index builder: re-embed and publish every new '
       'trainer checkpoint until training is done.')
   refresh.add_argument('--model_dir', required=True)
@@ -178,7 +237,7 @@ def _parser() -> argparse.ArgumentParser:
   refresh.add_argument('--batch_size', type=int, default=64)
   add_gin(refresh, 'gin/models/minilm_l6.gin')
 
-  aot = commands.add_parser(
+  aot = command(
       'aot', help='Compile the train step, the index builder\'s embedding '
       'step and exact search for a target mesh (faked CPU devices, abstract '
       'inputs: nothing allocated) and print per-device memory and FLOPs.',
@@ -202,7 +261,7 @@ def _parser() -> argparse.ArgumentParser:
   aot.add_argument('--gin_file', action='append', default=[])
   aot.add_argument('--gin_bindings', action='append', default=[])
 
-  released = commands.add_parser(
+  released = command(
       'import', help="Google's released REALM (TF-Hub modules, ORQA "
       "checkpoints or Hugging Face's port) as a run directory, with a "
       'published index of the released block embeddings and a corpus of '
@@ -231,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
   released.add_argument('--gin_file', action='append', default=[])
   released.add_argument('--gin_bindings', action='append', default=[])
 
-  living = commands.add_parser(
+  living = command(
       'corpus', help="Change a run's corpus in place and bring its index up "
       'to date, embedding the added blocks alone with the towers that '
       'embedded the rest: add articles, remove them, or sync an index after '
@@ -266,20 +325,25 @@ def _parse_gin(args) -> None:
   for binding in args.gin_bindings:
     try:
       run_loader.parse_gin([], [binding], finalize=False)
+    except errors.BadConfig as error:
+      raise errors.BadConfig(f'gin binding {binding!r}: '
+                             f'{errors.one_line(error.__cause__)}') from error
     except Exception as error:  # pylint: disable=broad-except
-      raise ValueError(f'gin binding {binding!r}: {error}') from error
+      raise errors.BadConfig(
+          f'gin binding {binding!r}: {errors.one_line(error)}') from error
   try:
     gin.finalize()
   except ValueError as error:  # An undefined %MACRO, say.
-    if not args.gin_bindings:
-      raise
-    raise ValueError(f'gin bindings {", ".join(map(repr, args.gin_bindings))}'
-                     f': {error}') from error
+    raise errors.BadConfig(
+        (f'gin bindings {", ".join(map(repr, args.gin_bindings))}: '
+         if args.gin_bindings else 'gin: ') + errors.one_line(error)
+    ) from error
 
 
 def _train(args) -> None:
-  from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import run_loader, trainer  # pylint: disable=g-import-not-at-top
   _parse_gin(args)
+  run_loader.configured_run()  # Refuses a config that binds no run.
   trainer.train(args.model_dir)
 
 
@@ -289,15 +353,15 @@ def _one_or_many(command: str, single: str | None, path: str | None,
   """(inputs [(file:line or None, text)], skip report, write(row)) of a
   command given one text or a file of them ('-': standard input); write
   prints nothing itself: it appends a JSONL row to `output_path`, if any,
-  and flushes what was printed, so that piped output comes as it goes."""
+  and flushes what was printed, so that piped output comes as it goes. An
+  empty text is refused before any model loads."""
   from etils import epath  # pylint: disable=g-import-not-at-top
   from realm_jax.data.skips import SkipReport  # pylint: disable=g-import-not-at-top
   from realm_jax.evaluation.prediction import read_inputs  # pylint: disable=g-import-not-at-top
   report = SkipReport(f'{command} {path}')
-  try:
-    inputs = [(None, single)] if path is None else read_inputs(path, report)
-  except FileNotFoundError as error:
-    raise SystemExit(f'realm-jax {command}: {error}') from error
+  if path is None and not single.strip():
+    raise errors.BadInput(f'Nothing to {command}: the text given is empty.')
+  inputs = [(None, single)] if path is None else read_inputs(path, report)
   with contextlib.ExitStack() as files:
     output = output_path and files.enter_context(
         epath.Path(output_path).open('w'))
@@ -321,9 +385,9 @@ def _fill(args) -> None:
     for where, text in texts:
       try:
         result = predictor.fill(text)
-      except ValueError as error:  # No [MASK], or longer than the query.
-        if where is None:
-          raise SystemExit(f'realm-jax fill: {error}') from error
+      except errors.BadInput as error:  # No [MASK], or longer than the query:
+        if where is None:  # a line of a file is skipped and counted.
+          raise
         print(f'{where}: {error}', file=sys.stderr)
         report.add('not fillable', where)
         continue
@@ -346,23 +410,21 @@ def _eval(args) -> None:
   from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
   from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
   if not args.task and not args.qa_file:
-    raise SystemExit('realm-jax eval: give a --task or a --qa_file.')
+    raise errors.BadConfig('Nothing to score.', 'Give a --task or a '
+                           '--qa_file.')
   if args.qa_regex and not args.qa_file:
-    raise SystemExit('realm-jax eval: --qa_regex is about the answers of '
-                     'a --qa_file; give one.')
-  try:  # Before the model loads: a file of no known format is refused.
-    file_tasks = [open_qa_tasks.register_qa_file(path, args.qa_regex)
-                  for path in args.qa_file]
-  except (FileNotFoundError, ValueError) as error:
-    raise SystemExit(f'realm-jax eval: {error}') from error
+    raise errors.BadConfig('--qa_regex is about the answers of a --qa_file; '
+                           'give one.')
+  # Before the model loads: a file of no known format is refused.
+  file_tasks = [open_qa_tasks.register_qa_file(path, args.qa_regex)
+                for path in args.qa_file]
   gin_files = args.gin_file or ()
   output_dir = args.output_dir or os.path.join(args.model_dir, 'eval')
   tasks = [t for t in args.task if t != 'masked_lm'] + file_tasks
   if args.retrieval_output and len(tasks) != 1:
-    raise SystemExit('realm-jax eval: --retrieval_output is one file; give '
-                     f'one QA task, not {len(tasks)}.')
-  if args.top_k < 1:
-    raise SystemExit(f'realm-jax eval: --top_k {args.top_k}: give 1 or more.')
+    raise errors.BadConfig('--retrieval_output is one file; give one QA '
+                           f'task, not {len(tasks)}.')
+  _check_top_k(args.top_k)
   if 'masked_lm' in args.task:
     summary = masked_lm.evaluate(args.model_dir, output_dir, 'masked_lm',
                                  gin_files, args.gin_bindings, args.batch_size,
@@ -386,7 +448,8 @@ def _ask(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
   with _one_or_many('ask', args.question, args.questions, args.output) as (
       questions, _, write):
-    predictor = QAPredictor(args.model_dir, top_k=1)  # It reads candidates.
+    # It reads its candidates, whatever top_k.
+    predictor = QAPredictor(args.model_dir, top_k=1, answers_only=True)
     for n, (_, question) in enumerate(questions):
       result = predictor.ask(question)
       if n:
@@ -401,6 +464,30 @@ def _ask(args) -> None:
       print(f'{"p(z|x)":>7} {"p(y|z,x)":>9}  block')
       for block in result['blocks']:
         print(f'{block["p_z"]:7.3f} {block["p_y_given_z"]:9.3f}  '
+              f'{block["title"]}: {block["text"]}')
+      write(result)
+
+
+def _check_top_k(top_k: int) -> None:
+  if top_k < 1:
+    raise errors.BadConfig(f'--top_k {top_k}: give 1 or more.')
+
+
+def _search(args) -> None:
+  from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
+  _check_top_k(args.top_k)
+  with _one_or_many('search', args.query, args.queries, args.output) as (
+      queries, _, write):
+    predictor = QAPredictor(args.model_dir, top_k=args.top_k, read=False)
+    for n, (_, query) in enumerate(queries):
+      result = predictor.search(query)
+      if n:
+        print()
+      print(f'Q: {query}   ({result["kind"]} step {result["step"]}, index '
+            f'step {result["index_step"]})')
+      print(f'{"rank":>4} {"score":>8} {"p(z|x)":>7}  block')
+      for rank, block in enumerate(result['blocks'], 1):
+        print(f'{rank:4d} {block["score"]:8.3f} {block["p_z"]:7.3f}  '
               f'{block["title"]}: {block["text"]}')
       write(result)
 
@@ -443,7 +530,7 @@ def _embed(args) -> None:
     step, params = run_directory.newest(checkpoints, functools.partial(
         run_directory.restore_retriever_params, checkpoints))
     if step is None:
-      raise FileNotFoundError(f'No trainer checkpoint in {args.model_dir}.')
+      raise errors.NotFound(f'No trainer checkpoint in {args.model_dir}.')
   else:
     step = 0  # The warm start: pretrained BERT towers, fresh projection.
     bert = pretrained.load_bert_params(args.bert_dir or embedded.minilm_dir(),
@@ -496,8 +583,8 @@ def _aot(args) -> None:
   over = [p.name for p in programs
           if p.total_bytes >= args.device_memory_gib * aot.GIB]
   if over:
-    raise SystemExit(f'Does not fit in {args.device_memory_gib:g} GiB per '
-                     f'device: {", ".join(over)}.')
+    raise errors.BadConfig(f'Does not fit in {args.device_memory_gib:g} GiB '
+                           f'per device: {", ".join(over)}.')
 
 
 def _import(args) -> None:
@@ -543,7 +630,7 @@ def _corpus(args) -> None:
   corpus_dir = corpus.corpus_dir(loaded.run.corpus_name)
   if args.action == 'add':
     if not args.jsonl:
-      raise SystemExit('corpus add: give --jsonl=FILE.')
+      raise errors.BadConfig('Nothing to add.', 'Give --jsonl=FILE.')
     # The index must fit the corpus before it changes.
     corpus_sync.sync_index(loaded.model_dir, corpus_dir, loaded.run.retriever(),
                            args.batch_size)
@@ -552,7 +639,7 @@ def _corpus(args) -> None:
     print(f'{corpus_dir}: blocks {added.start:,}-{added.stop - 1:,} added')
   elif args.action == 'remove':
     if not args.titles:
-      raise SystemExit('corpus remove: give --titles=FILE.')
+      raise errors.BadConfig('Nothing to remove.', 'Give --titles=FILE.')
     corpus_sync.sync_index(loaded.model_dir, corpus_dir, loaded.run.retriever(),
                            args.batch_size)
     metadata, removed = corpus_changes.remove_titles(corpus_dir, args.titles)
@@ -570,17 +657,28 @@ def _corpus(args) -> None:
           f'{embedded["seconds"]:.1f} s)')
 
 
+COMMANDS = {'demo': _demo, 'data': _data, 'embed': _embed,
+            'refresh': _refresh, 'train': _train, 'fill': _fill,
+            'eval': _eval, 'ask': _ask, 'search': _search, 'aot': _aot,
+            'import': _import, 'corpus': _corpus}
+
+
 def main(argv=None) -> int:
+  """Runs a command: 0 when it succeeds; a user error (`errors.UserError`)
+  printed in a line or two, 2; a bug propagates with its traceback."""
   args = _parser().parse_args(_gin_flags(sys.argv[1:] if argv is None
                                          else argv))
   from realm_jax import distributed  # pylint: disable=g-import-not-at-top
   distributed.log_to_stderr()
   if getattr(args, 'model_dir', None) and '://' not in args.model_dir:
     args.model_dir = os.path.abspath(args.model_dir)  # Orbax needs these.
-  {'demo': _demo, 'data': _data, 'embed': _embed, 'refresh': _refresh,
-   'train': _train, 'fill': _fill, 'eval': _eval, 'ask': _ask, 'aot': _aot,
-   'import': _import, 'corpus': _corpus}[
-       args.command](args)
+  try:
+    COMMANDS[args.command](args)
+  except errors.UserError as error:
+    if args.debug or os.environ.get(DEBUG_ENV, '0') not in ('', '0'):
+      traceback.print_exc()
+    print(f'realm-jax {args.command}: {error}', file=sys.stderr)
+    return 2
   return 0
 
 

@@ -1,5 +1,7 @@
-"""Progress lines for long work: done/total, rate and ETA, at most every few s."""
+"""Progress lines for long work: done/total, rate and ETA, at most every few
+s; and where a start-up's seconds go."""
 
+import contextlib
 import sys
 import time
 
@@ -49,3 +51,23 @@ class Progress:
     if now - self._last >= self.every_s or self.done >= self.total:
       self._last = now
       print(self.line(), file=self.stream or sys.stderr, flush=True)
+
+
+class Stopwatch:
+  """Seconds spent in named phases: `with stopwatch('parameters'): ...`."""
+
+  def __init__(self, clock=time.perf_counter):
+    self.seconds: dict[str, float] = {}
+    self.clock = clock
+
+  @contextlib.contextmanager
+  def __call__(self, phase: str):
+    start = self.clock()
+    try:
+      yield
+    finally:
+      self.seconds[phase] = self.seconds.get(phase, 0.0) + (
+          self.clock() - start)
+
+  def summary(self) -> str:
+    return ', '.join(f'{phase} {s:.1f} s' for phase, s in self.seconds.items())

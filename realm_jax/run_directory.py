@@ -46,6 +46,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from realm_jax.errors import DamagedStepError, NotFound
+
 CONFIG = 'config.gin'
 CHECKPOINTS = 'checkpoints'
 INDEX = 'index'
@@ -172,16 +174,6 @@ def pruning_options(**options) -> ocp.CheckpointManagerOptions:
   may prune the same directory); `options`: the rest, e.g. max_to_keep."""
   return ocp.CheckpointManagerOptions(todelete_subdir=TRASH,
                                       lightweight_initialize=True, **options)
-
-
-class DamagedStepError(RuntimeError):
-  """A finished step that cannot be used: a file of it is missing,
-  truncated or unreadable. `path` is the step, `file` the file."""
-
-  def __init__(self, path, file, problem: str):
-    super().__init__(f'Step {path} is damaged: {file}: {problem}. It is not '
-                     'used.')
-    self.path, self.file = str(path), str(file)
 
 
 def _where(manager: ocp.CheckpointManager, step) -> epath.Path:
@@ -323,15 +315,16 @@ def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
   return None if restored is None else restored[RETRIEVER_ITEM]
 
 
-def restore_params(model_dir: str, step: int | None = None
-                   ) -> tuple[int, dict]:
+def restore_params(model_dir: str, step: int | None = None,
+                   towers=('retriever', 'reader')) -> tuple[int, dict]:
   """(step, {'retriever': ..., 'reader': ...}) of a run's checkpoint `step`
-  (default the newest), for warm starts and evaluation; 'reader' only if the
-  run had one. The run may still be training and pruning its checkpoints."""
+  (default the newest), for warm starts and evaluation; of `towers` alone,
+  and 'reader' only if the run had one. The run may still be training and
+  pruning its checkpoints."""
   manager = trainer_checkpoints(model_dir)
 
   def read(step):
-    names = [name for name in ('retriever', 'reader') if (
+    names = [name for name in towers if (
         epath.Path(manager.directory) / str(step) / params_item(name)
     ).is_dir()]
     restored = restore(manager, step, ocp.args.Composite(**{
@@ -342,9 +335,15 @@ def restore_params(model_dir: str, step: int | None = None
   if step is None:
     step, params = newest(manager, read)
     if step is None:
-      raise FileNotFoundError(
-          f'No checkpoint under {checkpoints_dir(model_dir)}.')
+      raise NotFound(f'No checkpoint under {checkpoints_dir(model_dir)}.',
+                     'Train the run first (`realm-jax train`).')
     return step, params
+  kept = reload(manager)
+  params = read(step) if step in kept else None
+  if params is None:
+    raise NotFound(f'No checkpoint {step} under {checkpoints_dir(model_dir)}; '
+                   f'kept: {reload(manager)}.')
+  return step, params
   kept = reload(manager)
   params = read(step) if step in kept else None
   if params is None:

@@ -19,6 +19,7 @@ from etils import epath
 
 import realm_jax
 from realm_jax import distributed, run_directory
+from realm_jax.errors import FormatMismatch, TrainerRunning
 from realm_jax.run_directory import DATA_POSITION, TRAIN_STATE, params_item
 
 log = logging.getLogger(__name__)
@@ -33,14 +34,6 @@ CHECKPOINT_ITEMS = sorted([params_item('retriever'), params_item('reader'),
 # What a run directory written before run_format.json existed holds.
 FIRST_FORMAT = {'format': 1, 'checkpoint_items': [
     'data_position', 'reader_params', 'retriever_params', 'train_state']}
-
-
-class TrainerRunning(RuntimeError):
-  """Another process trains in this model_dir."""
-
-
-class FormatMismatch(ValueError):
-  """The run directory was written in another layout than this code's."""
 
 
 class TrainerLock:

@@ -13,6 +13,7 @@ import seqio
 import tensorflow as tf
 from etils import epath
 
+from realm_jax import errors
 from realm_jax.data import open_qa
 from realm_jax.evaluation import metrics
 from tasks import common
@@ -99,7 +100,7 @@ def qa_file_task_name(path: str, regex: bool = False) -> str:
   another (a resumed fine-tuning run then refuses the changed data)."""
   path = epath.Path(path)
   if not path.exists():
-    raise FileNotFoundError(f'No Open-QA file {path}.')
+    raise errors.NotFound(f'No Open-QA file {path}.')
   stem = re.sub(r'[^0-9a-z_]', '_', path.stem.lower())
   digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
   return f'qa_file_{stem}{"_regex" if regex else ""}_{digest}'

@@ -7,6 +7,7 @@ import seqio
 import tensorflow as tf
 from etils import epath
 
+from realm_jax import errors
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import masking
 from realm_jax.data import salient_spans
@@ -20,7 +21,7 @@ def annotated_blocks(corpus: str, split: str, shuffle_files: bool = False,
   path = os.path.join(directory, salient_spans.ANNOTATED_DIR,
                       f'{split}.tfrecord')
   if not epath.Path(path).exists():
-    raise FileNotFoundError(
+    raise errors.NotFound(
         f'No annotated corpus at {path}: run `realm-jax data build-corpus` '
         f'and `realm-jax data annotate --corpus_dir={directory}`.')
   return tf.data.TFRecordDataset(path).map(

@@ -10,7 +10,6 @@ import os
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import json
 import signal
 
 import gin
@@ -20,9 +19,8 @@ from etils.epath import backend, gpath, register
 
 from realm_jax import embedded
 from realm_jax.models.bert import BertConfig
-from realm_jax.data import corpus
-from tests.helpers import (ARTICLES, NQ_TEST, TREC_TEST,
-                           build_leads_corpus)
+from tests.helpers import (RETRIEVAL, build_leads_corpus, train_tiny,
+                           zebra_data)
 
 TIERS = ('unit', 'integration')
 # The handlers of a fresh `realm-jax` process. The launcher installs its
@@ -105,23 +103,21 @@ def small_corpus_env(small_corpus, monkeypatch):
 @pytest.fixture
 def zebra(tmp_path, tokenizer, monkeypatch):
   """A 12-block corpus as `wiki_leads` and a QA data dir of known answers."""
-  source = tmp_path / 'articles.jsonl'
-  source.write_text(''.join(json.dumps(a) + '\n' for a in ARTICLES))
-  corpus.build_corpus(str(tmp_path / 'corpora' / 'wiki_leads'), tokenizer,
-                      jsonl_paths=[str(source)])
-  data = tmp_path / 'data'
-  (data / 'nq_open').mkdir(parents=True)
-  (data / 'nq_open' / 'topics.nq.dev.txt').write_text(''.join(
-      f'{q}\t{a!r}\n' for q, a in NQ_TEST))
-  (data / 'nq_open' / 'NQ-open.dev.jsonl').write_text(''.join(
-      json.dumps({'question': q, 'answer': a}) + '\n' for q, a in NQ_TEST))
-  (data / 'curated_trec').mkdir()
-  for split in ('train', 'test'):
-    (data / 'curated_trec' / f'large2180-{split}.tsv').write_text(''.join(
-        f'{i}\tfactoid\t{q}\t{a}\n' for i, (q, a) in enumerate(TREC_TEST)))
-  monkeypatch.setenv('REALM_CORPUS_DIR', str(tmp_path / 'corpora'))
-  monkeypatch.setenv('REALM_DATA_DIR', str(data))
+  for name, value in zebra_data(tmp_path, tokenizer).items():
+    monkeypatch.setenv(name, value)
   return tmp_path
+
+
+@pytest.fixture(scope='session')
+def trained_pretraining(tmp_path_factory, small_corpus):
+  """A 2-step tiny pre-training run on the small corpus, trained once;
+  tests that change it take copies."""
+  model_dir = str(tmp_path_factory.mktemp('trained') / 'pretrain')
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('REALM_CORPUS_DIR', small_corpus)
+    train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
+  gin.clear_config()  # Set up between tests: leaves no config behind.
+  return model_dir
 
 
 @pytest.fixture

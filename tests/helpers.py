@@ -77,6 +77,28 @@ def finetuned(tmp_path, *flags):
   return model_dir
 
 
+def zebra_data(root, tokenizer) -> dict:
+  """ARTICLES as the corpus `wiki_leads` under root/corpora, and a QA data
+  directory of NQ_TEST and TREC_TEST; returns the environment that points
+  the command line at both."""
+  source = root / 'articles.jsonl'
+  source.write_text(''.join(json.dumps(a) + '\n' for a in ARTICLES))
+  corpus.build_corpus(str(root / 'corpora' / 'wiki_leads'), tokenizer,
+                      jsonl_paths=[str(source)])
+  data = root / 'data'
+  (data / 'nq_open').mkdir(parents=True)
+  (data / 'nq_open' / 'topics.nq.dev.txt').write_text(''.join(
+      f'{q}\t{a!r}\n' for q, a in NQ_TEST))
+  (data / 'nq_open' / 'NQ-open.dev.jsonl').write_text(''.join(
+      json.dumps({'question': q, 'answer': a}) + '\n' for q, a in NQ_TEST))
+  (data / 'curated_trec').mkdir()
+  for split in ('train', 'test'):
+    (data / 'curated_trec' / f'large2180-{split}.tsv').write_text(''.join(
+        f'{i}\tfactoid\t{q}\t{a}\n' for i, (q, a) in enumerate(TREC_TEST)))
+  return {'REALM_CORPUS_DIR': str(root / 'corpora'),
+          'REALM_DATA_DIR': str(data)}
+
+
 def build_leads_corpus(root, tokenizer, num_leads: int,
                        validation_per_mille: int) -> str:
   """The first `num_leads` Wikipedia leads, built and annotated as

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from etils import epath
 
-from realm_jax import main, run_directory
+from realm_jax import errors, main, run_directory
 from realm_jax.data import corpus, corpus_changes
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.index import publication
@@ -211,7 +211,7 @@ def test_an_index_from_before_a_change_is_refused_naming_both(
                                    'exact')
   changed, _ = corpus_changes.add_articles(zebra_corpus, tokenizer, [
       _write_jsonl(tmp_path / 'new.jsonl', [QUOKKA])])
-  with pytest.raises(publication.IndexMismatchError) as error:
+  with pytest.raises(errors.IndexMismatchError) as error:
     publication.check_compatible(old, changed, 4, 'index/0')
   message = str(error.value)
   assert metadata['corpus_fingerprint'] in message

@@ -516,7 +516,8 @@ def test_a_corpus_directory_or_missing_file_is_refused_by_name(tmp_path):
   with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
     list(corpus.read_jsonl_articles([str(path)], SkipReport('fuzz')))
   path.mkdir()
-  with pytest.raises(ValueError, match=re.escape(f'{path} is a directory')):
+  with pytest.raises(FileNotFoundError,
+                     match=re.escape(f'{path}: it is a directory')):
     list(corpus.read_jsonl_articles([str(path)], SkipReport('fuzz')))
 
 

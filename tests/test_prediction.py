@@ -10,7 +10,6 @@ import pytest
 from realm_jax import aot, main
 from realm_jax.evaluation import masked_lm, prediction
 from realm_jax.training import run_loader
-from tests.helpers import RETRIEVAL, train_tiny
 
 
 @pytest.mark.unit
@@ -40,16 +39,6 @@ def test_fill_marginal_is_the_mixture_of_the_conditionals():
   np.testing.assert_allclose(np.exp(log_marginal).sum(-1), 1, atol=1e-6)
   np.testing.assert_allclose(np.exp(log_p_z), p_z, atol=1e-6)
   np.testing.assert_allclose(np.exp(log_p_y_z), p_y_z, atol=1e-6)
-
-
-@pytest.fixture(scope='module')
-def trained_pretraining(tmp_path_factory, small_corpus):
-  """A 2-step tiny pre-training run, trained once; tests take copies."""
-  model_dir = str(tmp_path_factory.mktemp('trained') / 'pretrain')
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv('REALM_CORPUS_DIR', small_corpus)
-    train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
-  return model_dir
 
 
 def _copy(run: str, tmp_path) -> str:

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from safetensors.numpy import save_file
 
+from realm_jax import errors
 from realm_jax.models import pretrained
 from realm_jax.models.bert import Bert, BertConfig, mean_pool
 
@@ -155,7 +156,7 @@ def test_weights_of_another_architecture_are_named(tmp_path, tiny_config):
                'h.0.attn.c_attn.weight': np.zeros((32, 96), np.float32)}
   path = tmp_path / 'gpt2.safetensors'
   save_file(gpt2_like, str(path))
-  with pytest.raises(pretrained.WeightImportError) as error:
+  with pytest.raises(errors.WeightImportError) as error:
     pretrained.load_bert_params(path, tiny_config)
   message = str(error.value)
   assert str(path) in message
@@ -168,7 +169,7 @@ def test_one_misshaped_tensor_is_named(tmp_path, tiny_config):
   state['encoder.layer.1.intermediate.dense.weight'] = np.zeros((5, 32),
                                                                 np.float32)
   save_file(state, str(tmp_path / 'model.safetensors'))
-  with pytest.raises(pretrained.WeightImportError) as error:
+  with pytest.raises(errors.WeightImportError) as error:
     pretrained.load_bert_params(tmp_path, tiny_config)
   message = str(error.value)
   assert 'model.safetensors' in message and 'mis-shaped (1)' in message
@@ -178,7 +179,7 @@ def test_one_misshaped_tensor_is_named(tmp_path, tiny_config):
 
 
 def test_real_weights_into_the_wrong_size_are_refused(minilm_dir):
-  with pytest.raises(pretrained.WeightImportError) as error:
+  with pytest.raises(errors.WeightImportError) as error:
     pretrained.load_bert_params(minilm_dir, BertConfig())  # BERT-base.
   message = str(error.value)
   assert 'model.safetensors' in message
@@ -204,14 +205,14 @@ def test_config_from_hf_reads_the_architecture(minilm_dir):
 def test_config_from_hf_refuses_other_models(tmp_path):
   path = tmp_path / 'config.json'
   path.write_text('{"model_type": "gpt2", "n_embd": 768}')
-  with pytest.raises(pretrained.WeightImportError, match='config.json'):
+  with pytest.raises(errors.WeightImportError, match='config.json'):
     pretrained.config_from_hf(path)
 
 
 def test_first_layers_of_a_deeper_checkpoint_load_only_when_asked(minilm_dir):
   config = pretrained.config_from_hf(os.path.join(minilm_dir, 'config.json'))
   shallow = dataclasses.replace(config, num_layers=2)
-  with pytest.raises(pretrained.WeightImportError, match=r'unexpected \(64\)'):
+  with pytest.raises(errors.WeightImportError, match=r'unexpected \(64\)'):
     pretrained.load_bert_params(minilm_dir, shallow)
   first = pretrained.load_bert_params(minilm_dir, shallow,
                                       keep_first_layers=True)

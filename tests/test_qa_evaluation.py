@@ -89,12 +89,6 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
   assert _pyserini_top_k(json.loads(json.dumps(pyserini)), (1, 5, 12)) == [
       nq['top-1'], nq['top-5'], 50.0]
   assert 'exact_match' in cli
-  bad = zebra / 'notes.txt'
-  bad.write_text('who has stripes? the zebra\n')
-  with pytest.raises(SystemExit, match=r'notes\.txt:1: not an Open-QA row'):
-    main.main(['eval', f'--model_dir={model_dir}', f'--qa_file={bad}'])
-  with pytest.raises(SystemExit, match='--task or a --qa_file'):
-    main.main(['eval', f'--model_dir={model_dir}'])
 
 
 def _dpr_top_k(questions, ks):
@@ -221,10 +215,11 @@ def test_eval_offers_the_retrieval_file_and_refuses_it_for_two_tasks(capsys):
   with pytest.raises(SystemExit):
     main.main(['eval', '--help'])
   assert '--retrieval_output' in capsys.readouterr().out
-  with pytest.raises(SystemExit, match='one QA task, not 2'):
-    main.main(['eval', '--model_dir=x', '--task=nq_open',
-               '--task=web_questions', '--retrieval_output=r.json'])
-  with pytest.raises(SystemExit, match='--top_k 0'):
-    main.main(['eval', '--model_dir=x', '--task=nq_open', '--top_k=0'])
+  assert main.main(['eval', '--model_dir=x', '--task=nq_open',
+                    '--task=web_questions', '--retrieval_output=r.json']) == 2
+  assert 'one QA task, not 2' in capsys.readouterr().err
+  assert main.main(['eval', '--model_dir=x', '--task=nq_open',
+                    '--top_k=0']) == 2
+  assert '--top_k 0' in capsys.readouterr().err
   with pytest.raises(ValueError, match="'dpr' or 'pyserini'"):
     qa_evaluation.retrieval_file([], None, 'kilt')

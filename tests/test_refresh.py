@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from realm_jax.data import corpus
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
 from realm_jax.index.refresh import IndexBuilder, due_step
@@ -154,7 +154,7 @@ def test_client_refuses_an_index_of_another_corpus(dirs):
       ({'block_length': 64}, 'blocks cut to 64 wordpieces != 288'))):
     _publish(f'{model_dir}{i}', 1, embeddings, {**good, **bad})
     client = IndexClient(f'{model_dir}{i}', meta, dim=128)
-    with pytest.raises(publication.IndexMismatchError, match=message):
+    with pytest.raises(errors.IndexMismatchError, match=message):
       client.maybe_refresh()
     assert client.searcher is None
 

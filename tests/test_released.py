@@ -9,7 +9,6 @@ TF-Hub modules) must import to the same parameters.
 """
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -19,12 +18,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.data import corpus, open_qa
 from realm_jax.data.answer_matching import normalize_answer
 from realm_jax.evaluation import qa_evaluation
 from realm_jax.index import publication
-from realm_jax.models import pretrained
 from realm_jax.models.reader import KnowledgeAugmentedEncoder
 from realm_jax.models.realm import model_retriever
 from realm_jax.released import importer, layouts, tensor_files
@@ -282,7 +280,7 @@ def test_a_file_that_does_not_fit_is_refused_naming_the_tensor(
     orqa[victim] = orqa[victim][:-1]
   (tmp_path / 'orqa').mkdir()
   _save_tf(str(tmp_path / 'orqa' / 'model.ckpt'), orqa)
-  with pytest.raises(pretrained.WeightImportError) as error:
+  with pytest.raises(errors.WeightImportError) as error:
     _import(tmp_path, 'bad', sources=[str(tmp_path / 'orqa' / 'model.ckpt')],
             block_emb=str(FIXTURE), corpus_name='bad',
             gin_bindings=importer.hf_bindings([str(FIXTURE)]))

@@ -22,9 +22,9 @@ import pytest
 from orbax.checkpoint._src.serialization import serialization
 
 import realm_jax
-from realm_jax import run_directory, run_guard
-from realm_jax.training.checkpoints import (CheckpointMismatch, Checkpoints,
-                                            CheckpointSaveFailed)
+from realm_jax import errors, run_directory, run_guard
+from realm_jax.errors import CheckpointMismatch, CheckpointSaveFailed
+from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.train_state import TrainState
 from tests.helpers import REPO
 
@@ -81,7 +81,7 @@ def test_a_second_trainer_is_refused_until_the_first_is_killed(tmp_path):
                             cwd=REPO, stdout=subprocess.PIPE)
   try:
     assert holder.stdout.readline() == b'held\n'
-    with pytest.raises(run_guard.TrainerRunning) as refused:
+    with pytest.raises(errors.TrainerRunning) as refused:
       run_guard.TrainerLock(model_dir).acquire()
     assert str(refused.value).startswith(
         f'{model_dir} is being trained by pid {holder.pid} on host '
@@ -99,7 +99,7 @@ def test_a_second_trainer_is_refused_until_the_first_is_killed(tmp_path):
 def test_the_lock_is_held_until_released(tmp_path):
   model_dir = str(tmp_path / 'run')
   with run_guard.TrainerLock(model_dir):
-    with pytest.raises(run_guard.TrainerRunning,
+    with pytest.raises(errors.TrainerRunning,
                        match=f'pid {os.getpid()} on host'):
       run_guard.TrainerLock(model_dir).acquire()
   run_guard.TrainerLock(model_dir).acquire().release()
@@ -155,7 +155,7 @@ def test_a_new_run_and_a_run_from_before_the_format_file_record_it(
 def test_a_run_of_another_layout_is_refused(tmp_path, changes, difference):
   model_dir = str(tmp_path / 'run')
   _with_format(model_dir, realm_jax='0.0.1', **changes)
-  with pytest.raises(run_guard.FormatMismatch) as refused:
+  with pytest.raises(errors.FormatMismatch) as refused:
     run_guard.check_format(model_dir)
   message = str(refused.value)
   assert message.startswith(f'{_format_file(model_dir)}: this run directory '
@@ -183,7 +183,7 @@ def test_an_unreadable_format_file_is_refused(tmp_path):
   os.makedirs(_step_dir(model_dir, 3))
   with open(_format_file(model_dir), 'w', encoding='utf-8') as f:
     f.write('{"format": 1,')
-  with pytest.raises(run_guard.FormatMismatch, match='is unreadable'):
+  with pytest.raises(errors.FormatMismatch, match='is unreadable'):
     run_guard.check_format(model_dir)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from etils import epath
 
+from realm_jax import errors
 from realm_jax.data import sources
 from realm_jax.data.skips import SkipReport, is_text, parse_json_object
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -98,8 +99,7 @@ def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
   naming it, as is a directory.
   """
   for path in paths:
-    if epath.Path(path).is_dir():
-      raise ValueError(f'{path} is a directory, not a JSONL file of articles.')
+    errors.require_file(path, 'JSONL file of articles')
     read = 0
     with epath.Path(path).open('rb') as f:
       for number, line in enumerate(f, 1):
@@ -123,8 +123,8 @@ def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
         read += 1
         yield where, sources.Article(row['title'].strip(), row['text'])
     if not read:
-      raise ValueError(f'{path}: no {{"title", "text"}} article in the file. '
-                       + report.summary())
+      raise errors.BadInput(f'{path}: no {{"title", "text"}} article in '
+                            'the file. ' + report.summary())
 
 
 class SentenceSplitter:
@@ -185,8 +185,9 @@ class CorpusBuilder:
                max_block_length: int = MAX_BLOCK_LENGTH,
                max_title_length: int = MAX_TITLE_LENGTH):
     if max_block_length < max_title_length + 4:
-      raise ValueError(f'max_block_length={max_block_length} leaves no room '
-                       f'for a body after a {max_title_length}-wordpiece title.')
+      raise errors.BadConfig(
+          f'max_block_length={max_block_length} leaves no room for a body '
+          f'after a {max_title_length}-wordpiece title.')
     self.tokenizer = tokenizer
     self.max_block_length = max_block_length
     self.max_title_length = max_title_length
@@ -344,6 +345,8 @@ def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
     articles = ((f'{wiki_leads_json}[{a.title!r}]', a) for a in leads)
     count_articles = True
   else:
+    for path in jsonl_paths:
+      errors.require_file(path, 'JSONL file of articles')
     size = sum(epath.Path(p).stat().length for p in jsonl_paths)
     progress = Progress('read', size / 1e6, unit='MB')
     articles = read_jsonl_articles(jsonl_paths, builder.report, progress,
@@ -400,7 +403,7 @@ def corpus_dir(name: str) -> str:
 def load_metadata(corpus_dir: str) -> dict:
   path = epath.Path(corpus_dir) / METADATA
   if not path.exists():
-    raise FileNotFoundError(
+    raise errors.NotFound(
         f'No corpus at {corpus_dir} ({METADATA} missing); build one with '
         '`realm-jax data build-corpus`.')
   return json.loads(path.read_text())

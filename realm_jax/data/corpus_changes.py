@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 from etils import epath
 
+from realm_jax import errors
 from realm_jax.data import corpus
 from realm_jax.data.skips import SkipReport
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -79,10 +80,13 @@ def add_articles(corpus_dir: str, tokenizer: WordPieceTokenizer,
                  ) -> tuple[dict, range]:
   """Adds the articles of JSONL files (`{"title", "text"}` a line) as new
   blocks; returns the new metadata and the new blocks' ids."""
+  for path in jsonl_paths:
+    errors.require_file(path, 'JSONL file of articles')
   metadata = corpus.load_metadata(corpus_dir)
   if corpus.vocab_hash(tokenizer.vocab_path) != metadata['vocab_hash']:
-    raise ValueError(f'{corpus_dir} was built with another vocabulary than '
-                     f'{tokenizer.vocab_path}: its blocks would not match.')
+    raise errors.BadInput(f'{corpus_dir} was built with another vocabulary '
+                          f'than {tokenizer.vocab_path}: its blocks would not '
+                          'match.')
   builder = corpus.CorpusBuilder(
       tokenizer, metadata['max_block_length'],
       metadata.get('max_title_length', corpus.MAX_TITLE_LENGTH))
@@ -115,8 +119,8 @@ def add_articles(corpus_dir: str, tokenizer: WordPieceTokenizer,
     write(batch)
   if not lengths:
     staged.unlink()
-    raise ValueError(f'No block to add from {", ".join(jsonl_paths)}. '
-                     + builder.report.summary())
+    raise errors.BadInput(f'No block to add from {", ".join(jsonl_paths)}. '
+                          + builder.report.summary())
   staged.rename(shard)
   added = range(first, first + len(lengths))
   histogram = dict(metadata['length_histogram'])
@@ -144,10 +148,11 @@ def remove_titles(corpus_dir: str, titles_path: str) -> tuple[dict, list[int]]:
   """Removes every block of the articles titled in `titles_path` (one title
   a line); returns the new metadata and the removed ids. Titles that match
   no block are reported; a file that matches none is refused."""
+  errors.require_file(titles_path, 'file of titles')
   wanted = {line.strip() for line in
             epath.Path(titles_path).read_text().splitlines() if line.strip()}
   if not wanted:
-    raise ValueError(f'{titles_path}: no title to remove.')
+    raise errors.BadInput(f'{titles_path}: no title to remove.')
   metadata = corpus.load_metadata(corpus_dir)
   already = set(removed_ids(metadata).tolist())
   found, ids = set(), []
@@ -158,10 +163,10 @@ def remove_titles(corpus_dir: str, titles_path: str) -> tuple[dict, list[int]]:
       ids.append(int(block['block_id']))
   missing = sorted(wanted - found)
   if not ids:
-    raise ValueError(f'{titles_path}: no block of {corpus_dir} is titled '
-                     + ', '.join(repr(t) for t in missing[:5])
-                     + (' ...' if len(missing) > 5 else '')
-                     + ' (or all were removed already).')
+    raise errors.BadInput(f'{titles_path}: no block of {corpus_dir} is titled '
+                          + ', '.join(repr(t) for t in missing[:5])
+                          + (' ...' if len(missing) > 5 else '')
+                          + ' (or all were removed already).')
   metadata = {**metadata, REMOVED: sorted(already | set(ids))}
   return _commit(corpus_dir, metadata, {
       'change': 'remove', 'block_ids': ids, 'source': titles_path,

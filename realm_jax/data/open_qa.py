@@ -22,6 +22,7 @@ from typing import Iterator, NamedTuple
 import gin
 from etils import epath
 
+from realm_jax import errors
 from realm_jax.data.answer_matching import compile_answer_pattern
 from realm_jax.data.skips import SkipReport, is_text, parse_json_object
 
@@ -83,10 +84,10 @@ def _read_web_questions(path, report):
   try:
     rows = json.loads(epath.Path(path).read_bytes().decode('utf-8'))
   except (ValueError, RecursionError) as error:  # Not UTF-8, or not JSON.
-    raise ValueError(f'{path}: not a JSON file ({error}).') from None
+    raise errors.BadInput(f'{path}: not a JSON file ({error}).') from None
   if not isinstance(rows, list):
-    raise ValueError(f'{path}: expected a JSON list of questions, got '
-                     f'{type(rows).__name__}.')
+    raise errors.BadInput(f'{path}: expected a JSON list of questions, got '
+                          f'{type(rows).__name__}.')
   for number, row in enumerate(rows):
     where = f'{path}[{number}]'
     if isinstance(row, dict):
@@ -136,7 +137,7 @@ def data_dir(explicit: str | None = None) -> str:
   """The benchmark directory: `explicit`, a gin binding, or $REALM_DATA_DIR."""
   path = explicit or os.environ.get(DATA_DIR_ENV)
   if not path:
-    raise FileNotFoundError(
+    raise errors.NotFound(
         f'No Open-QA data directory: pass one or set {DATA_DIR_ENV} to a '
         'directory laid out like shared/data (nq_open/, web_questions/, '
         'curated_trec/).')
@@ -197,13 +198,13 @@ def load(benchmark: str, split: str, directory: str | None = None,
   for name, reader in FILES[benchmark][split]:
     path = os.path.join(root, name)
     if not epath.Path(path).is_file():
-      raise FileNotFoundError(f'{benchmark}/{split}: missing {path}'
-                              + _directory_note(path))
+      raise errors.NotFound(f'{benchmark}/{split}: missing {path}'
+                            + _directory_note(path))
     read = list(_usable(reader(path, report), benchmark in REGEX_ANSWERS,
                         report))
     if not read:
-      raise ValueError(f'{benchmark}/{split}: no usable question in {path}. '
-                       + report.summary())
+      raise errors.BadInput(f'{benchmark}/{split}: no usable question in '
+                            f'{path}. ' + report.summary())
     examples.extend(read)
   if own_report and report:
     logging.warning('%s', report.summary())
@@ -248,15 +249,15 @@ def qa_file_format(path) -> str:
     ValueError: neither says, or the file is empty; names the file and line.
   """
   if not epath.Path(path).is_file():
-    raise FileNotFoundError(f'No Open-QA file {path}{_directory_note(path)}.')
+    raise errors.NotFound(f'No Open-QA file {path}{_directory_note(path)}.')
   first = next(_lines(path), None)
   if first is None:
-    raise ValueError(f'{path}: no question in the file.')
+    raise errors.BadInput(f'{path}: no question in the file.')
   number, raw = first
   found = _row_format(raw) or QA_FILE_EXTENSIONS.get(
       epath.Path(path).suffix.lower())
   if found is None:
-    raise ValueError(
+    raise errors.BadInput(
         f'{path}:{number}: not an Open-QA row: expected a topics TSV row '
         "(question<TAB>['answer', ...]) or a JSONL row ({\"question\": ..., "
         f'"answer": [...]}}), got '
@@ -296,8 +297,8 @@ def load_file(path, regex: bool = False, split: str = 'test',
   examples = list(_usable(QA_FILE_READERS[found](path, report), regex,
                           report))
   if not examples:
-    raise ValueError(f'{path}: no usable question, read as {found}. '
-                     + report.summary())
+    raise errors.BadInput(f'{path}: no usable question, read as {found}. '
+                          + report.summary())
   if own_report and report:
     logging.warning('%s', report.summary())
   if split == 'test':
@@ -305,7 +306,7 @@ def load_file(path, regex: bool = False, split: str = 'test',
   chosen = [e for e in examples if held_out(e.question) == (
       split == 'validation')]
   if not chosen:
-    raise ValueError(
+    raise errors.BadInput(
         f'{path}: none of its {len(examples)} questions falls in its {split} '
         f'split ({QA_FILE_VALIDATION_PER_MILLE / 10:g}% are held out for '
         'validation, by a hash of the question).')

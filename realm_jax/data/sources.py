@@ -5,6 +5,8 @@ from typing import Iterator, NamedTuple
 
 from etils import epath
 
+from realm_jax import errors
+
 
 class Article(NamedTuple):
   title: str
@@ -22,14 +24,15 @@ def read_wiki_leads(path) -> Iterator[Article]:
   try:
     entries = json.loads(epath.Path(path).read_text())
   except json.JSONDecodeError as e:
-    raise ValueError(f'{path}: not valid JSON ({e}).') from e
+    raise errors.BadInput(f'{path}: not valid JSON ({e}).') from e
   if not isinstance(entries, dict):
-    raise ValueError(f'{path}: expected a JSON object of title -> entry, got '
-                     f'{type(entries).__name__}.')
+    raise errors.BadInput(f'{path}: expected a JSON object of title -> '
+                          f'entry, got {type(entries).__name__}.')
   for key, entry in entries.items():
     if not isinstance(entry, dict) or not isinstance(entry.get('extract', ''),
                                                      str):
-      raise ValueError(f'{path}: entry {key!r} is not {{title, extract, ...}}.')
+      raise errors.BadInput(
+          f'{path}: entry {key!r} is not {{title, extract, ...}}.')
     text = entry.get('extract', '').strip()
     if text:
       yield Article(title=entry.get('title') or key, text=text)

@@ -14,6 +14,8 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 from etils import epath
 
+from realm_jax import errors
+
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 _TRIMMERS = {
     # Drops the tail of the last segment first: the body of a block, never the
@@ -30,14 +32,14 @@ class WordPieceTokenizer:
   def __init__(self, vocab_path, lower_case: bool = True):
     vocab_path = os.fspath(vocab_path)
     if not epath.Path(vocab_path).is_file():
-      raise FileNotFoundError(f'WordPiece vocab file not found: {vocab_path}')
+      raise errors.NotFound(f'WordPiece vocab file not found: {vocab_path}')
     self.vocab = epath.Path(vocab_path).read_text().split('\n')
     if self.vocab[-1] == '':
       self.vocab.pop()
     ids = {token: i for i, token in enumerate(self.vocab)}
     absent = [t for t in SPECIAL_TOKENS if t not in ids]
     if absent:
-      raise ValueError(
+      raise errors.BadInput(
           f'WordPiece vocab {vocab_path} ({len(self.vocab)} lines) lacks the '
           f'special tokens {absent}.')
     self.vocab_path = vocab_path

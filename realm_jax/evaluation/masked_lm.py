@@ -76,11 +76,9 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   TERMS) and <name>_metrics.json, and returns the metrics: masked-token
   accuracy, -log p(y|x) and retrieval_utility per masked token.
   """
-  restored = RestoredRun(model_dir, step, gin_files, gin_bindings)
+  restored = RestoredRun(model_dir, step, gin_files, gin_bindings,
+                         reader='Pretrain')
   run = restored.run
-  if restored.kind != 'Pretrain':
-    raise ValueError(f'{model_dir} is an {restored.kind} run: masked-LM '
-                     'scores need the reader of a pre-training run.')
   preparer = run.batch_preparer(restored.model_dir, restored.mesh)
   preparer.retrieval.index_at(restored.step, restored.params['retriever'])
   per_example = jax.jit(run.objective.per_example)

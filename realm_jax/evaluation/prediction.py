@@ -20,12 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.data.skips import SkipReport
 from realm_jax.evaluation.answers import BlockTexts, answers_of, block_segments
 from realm_jax.models import losses
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import BEST_SPAN, span_mask
+from realm_jax.progress import Stopwatch
 from realm_jax.training import batches, partitioning
 from realm_jax.training.run_loader import load_run
 
@@ -37,7 +38,9 @@ def cloze_query(tokenizer, text: str, max_length: int):
   positions."""
   pieces = text.split(MASK)
   if len(pieces) < 2:
-    raise ValueError(f'No {MASK} in {text!r}.')
+    raise errors.BadInput(f'No {MASK} in {text!r}.', 'Write [MASK] where '
+                          'a token is to be filled, e.g. "The [MASK] is the '
+                          'currency of the United Kingdom."')
   tokens = tokenizer.tokenize(pieces).to_list()
   ids = [tokenizer.cls_id]
   positions = []
@@ -48,8 +51,8 @@ def cloze_query(tokenizer, text: str, max_length: int):
     ids.extend(piece)
   ids.append(tokenizer.sep_id)
   if len(ids) > max_length:
-    raise ValueError(f'{text!r} is {len(ids)} wordpieces with [CLS] and '
-                     f'[SEP]; the query holds {max_length}.')
+    raise errors.BadInput(f'{text!r} is {len(ids)} wordpieces with [CLS] and '
+                          f'[SEP]; the query holds {max_length}.')
   return ids, positions
 
 
@@ -57,8 +60,8 @@ def read_inputs(path: str, report: SkipReport) -> Iterator[tuple[str, str]]:
   """(file:line, text) of each non-blank line of `path` ('-': standard
   input), read as it comes, so that inputs can be piped or typed; lines
   that are not UTF-8 are counted in `report`."""
-  if path != '-' and not epath.Path(path).exists():
-    raise FileNotFoundError(f'No file of inputs {path}.')
+  if path != '-':
+    errors.require_file(path, 'file of inputs')
   return _numbered_lines(path, report)
 
 
@@ -76,6 +79,11 @@ def _numbered_lines(path, report):
         yield f'{name}:{number}', text
 
 
+def _check_text(text: str, what: str) -> None:
+  if not text.strip():
+    raise errors.BadInput(f'The {what} is empty.', f'Give a {what} in words.')
+
+
 def fill_distribution(scores, candidate_mask, mlm_logits):
   """(log p(z|x) [B, k], log p(y_j|z,x) [B, k, M, V], log p(y_j|x) [B, M, V])."""
   log_p_z = losses.candidate_log_probs(scores, candidate_mask)
@@ -84,20 +92,50 @@ def fill_distribution(scores, candidate_mask, mlm_logits):
       log_p_z, log_p_vocab, candidate_mask)
 
 
+# The run kind a reader's command needs: (what it does, what to use on a
+# run of another kind).
+READERS = {
+    'Pretrain': ("fills [MASK]s with a pre-training run's reader",
+                 '`realm-jax ask` answers questions with a fine-tuning run; '
+                 '`realm-jax search` shows what any run retrieves.'),
+    'Finetune': ("answers questions with a fine-tuning run's reader",
+                 '`realm-jax fill` fills the [MASK]s of a pre-training run; '
+                 '`realm-jax search` shows what any run retrieves.'),
+}
+KIND_NAMES = {'Ict': 'an ICT run (a retriever without a reader)',
+              'Pretrain': 'a pre-training run',
+              'Finetune': 'a fine-tuning run'}
+
+
 class RestoredRun:
   """A run rebuilt from its model_dir on one device (`load_run`: its saved
   gin config, then any `gin_files`/`gin_bindings` layered over it) with the
-  parameters of checkpoint `step` (default the newest). Subclasses add the
-  retrieval they need (`self.retrieval`)."""
+  parameters of checkpoint `step` (default the newest), of the `towers`
+  named alone. Subclasses add the retrieval they need (`self.retrieval`).
+
+  `reader`: the run kind whose reader the caller needs; a run of another
+  kind is refused (`errors.WrongRunKind`) by its saved config, before
+  anything is restored.
+  """
 
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
-               gin_bindings=()):
-    self.loaded = load_run(model_dir, gin_files, gin_bindings)
+               gin_bindings=(), reader: str | None = None,
+               towers=('retriever', 'reader')):
+    self.stopwatch = Stopwatch()  # Where the start-up's seconds go.
+    with self.stopwatch('config'):
+      self.loaded = load_run(model_dir, gin_files, gin_bindings)
     self.model_dir, self.run = self.loaded.model_dir, self.loaded.run
     self.kind = self.loaded.kind
+    if reader is not None and self.kind != reader:
+      does, instead = READERS[reader]
+      raise errors.WrongRunKind(
+          f'This command {does} ({reader}); {self.model_dir} is '
+          f'{KIND_NAMES.get(self.kind, self.kind)} ({self.kind}).', instead)
     # One question at a time, or small batches: a one-device mesh.
     self.mesh = partitioning.make_mesh(1, 1, devices=jax.local_devices()[:1])
-    self.step, self.params = run_directory.restore_params(self.model_dir, step)
+    with self.stopwatch('parameters'):
+      self.step, self.params = run_directory.restore_params(
+          self.model_dir, step, towers)
     self.tokenizer = batches.task_tokenizer(self.run.task)
     self.retrieval = None
     self._texts = None
@@ -105,7 +143,8 @@ class RestoredRun:
   @property
   def texts(self) -> BlockTexts:
     if self._texts is None:
-      self._texts = BlockTexts(self.retrieval.corpus_dir, self.tokenizer)
+      with self.stopwatch('texts'):
+        self._texts = BlockTexts(self.retrieval.corpus_dir, self.tokenizer)
     return self._texts
 
   def query(self, texts, length: int) -> dict:
@@ -124,13 +163,12 @@ class ClozePredictor(RestoredRun):
   """Fills [MASK]s with a pre-training run's newest parameters and index."""
 
   def __init__(self, model_dir: str, gin_files=(), gin_bindings=()):
-    super().__init__(model_dir, gin_files=gin_files, gin_bindings=gin_bindings)
-    if self.kind != 'Pretrain':
-      raise ValueError(f'{model_dir} is an {self.kind} run: filling blanks '
-                       'needs the reader of a pre-training run (Pretrain).')
-    self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
-    self.retrieval = self.preparer.retrieval
-    self.retrieval.client.maybe_refresh()
+    super().__init__(model_dir, gin_files=gin_files, gin_bindings=gin_bindings,
+                     reader='Pretrain')
+    with self.stopwatch('retrieval'):
+      self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
+      self.retrieval = self.preparer.retrieval
+      self.retrieval.client.maybe_refresh()
     model = self.run.objective.model
     self._apply = jax.jit(lambda params, inputs: model.apply(
         {'params': params}, inputs['query'], inputs['candidates'],
@@ -223,32 +261,43 @@ class QAPredictor(RestoredRun):
 
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
                gin_bindings=(), top_k: int = 100, top_spans: int = 8,
-               question_length: int = 64):
+               question_length: int = 64, read: bool = True,
+               answers_only: bool = False):
     """`top_k`: blocks retrieved per question, at most every block.
-    `question_length`: wordpieces of a question for a run that does not
-    answer (Finetune's default); a fine-tuning run reads its own. A
-    fine-tuning run picks answers by its `Finetune.answer_rule`."""
-    super().__init__(model_dir, step, gin_files, gin_bindings)
-    self.reads = self.kind == 'Finetune'
+    `question_length`: wordpieces of a question for a run that is not
+    fine-tuned (Finetune's default); a fine-tuning run reads its own. A
+    fine-tuning run picks answers by its `Finetune.answer_rule`. `read`:
+    False retrieves alone, even with a fine-tuning run (its reader is not
+    restored). `answers_only`: refuse any run but a fine-tuning run."""
+    finetuned = 'Finetune'
+    super().__init__(model_dir, step, gin_files, gin_bindings,
+                     reader=finetuned if answers_only else None,
+                     towers=('retriever', 'reader') if read else
+                     ('retriever',))
+    self.reads = read and self.kind == finetuned
     self.answer_rule = self.run.answer_rule if self.reads else None
-    self.query_length = (self.run.shapes['query_token_ids'][0] if self.reads
-                         else question_length)
-    if self.reads:
-      self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
-      self.retrieval = self.preparer.retrieval
-      if self.run.objective.train_document_tower:
-        self.retrieval.index_at(self.step, self.params['retriever'])
+    self.query_length = (self.run.shapes['query_token_ids'][0]
+                         if self.kind == finetuned else question_length)
+    # A fine-tuning run with its document tower frozen reads with the index
+    # it trained with.
+    own_index = self.kind == finetuned and (
+        not self.run.objective.train_document_tower)
+    with self.stopwatch('retrieval'):
+      if self.reads:
+        self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
+        self.retrieval = self.preparer.retrieval
+        self.num_candidates = self.run.objective.num_candidates
+        self._read = jax.jit(functools.partial(
+            read_answers, self.run.objective.model, top_spans=top_spans))
       else:
+        self.retrieval = batches.corpus_retrieval(
+            self.model_dir, self.mesh, self.run.retriever(), self.tokenizer,
+            self.run.corpus_name, top_k, block_length=self.run.block_length)
+        self.preparer, self.num_candidates = None, 0
+      if own_index:
         self.retrieval.client.maybe_refresh()
-      self.num_candidates = self.run.objective.num_candidates
-      self._read = jax.jit(functools.partial(
-          read_answers, self.run.objective.model, top_spans=top_spans))
-    else:
-      self.retrieval = batches.corpus_retrieval(
-          self.model_dir, self.mesh, self.run.retriever(), self.tokenizer,
-          self.run.corpus_name, top_k, block_length=self.run.block_length)
-      self.retrieval.index_at(self.step, self.params['retriever'])
-      self.preparer, self.num_candidates = None, 0
+      else:
+        self.retrieval.index_at(self.step, self.params['retriever'])
     self.top_k = min(top_k, self.retrieval.client.searcher.num_docs)
 
   def predict(self, query: dict) -> list[dict]:
@@ -289,12 +338,30 @@ class QAPredictor(RestoredRun):
           rule=self.answer_rule)
     return results
 
+  def search(self, query: str) -> dict:
+    """One query's top `top_k` blocks: title, opening words, retrieval score
+    and p(z|x) under the softmax over those k."""
+    _check_text(query, 'query')
+    result = self.predict(self.query([query], self.query_length))[0]
+    scores = np.array(result['retrieval_scores'], np.float64)
+    p_z = np.exp(scores - scores.max())
+    p_z /= p_z.sum()
+    blocks = []
+    for block_id, score, p in zip(result['block_ids'], scores, p_z):
+      title, words = self.document(block_id)
+      blocks.append({'block_id': block_id, 'title': title, 'text': words,
+                     'score': float(score), 'p_z': float(p)})
+    return {'query': query, 'kind': self.kind, 'step': self.step,
+            'index_step': self.retrieval.client.index_step, 'blocks': blocks}
+
   def ask(self, question: str) -> dict:
     """One question: its best answer, p(y|x), and each candidate block with
     p(z|x) and p(y|z,x) of that answer."""
     if not self.reads:
-      raise ValueError(f'{self.model_dir} is a {self.kind} run; answering '
-                       'needs a fine-tuned reader (a Finetune run).')
+      raise errors.WrongRunKind(
+          f'{self.model_dir} is {KIND_NAMES[self.kind]} ({self.kind}), or '
+          'was loaded without its reader: answers need a fine-tuning run.')
+    _check_text(question, 'question')
     result = self.predict(self.query([question], self.query_length))[0]
     best = result['answers'][0] if result['answers'] else None
     blocks = []

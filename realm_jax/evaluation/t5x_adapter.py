@@ -36,6 +36,7 @@ from clu import metrics as clu_metrics
 from flax import linen as nn
 from flax.linen import partitioning as flax_partitioning
 
+from realm_jax import errors
 from realm_jax.evaluation.prediction import QAPredictor, read_answers
 from realm_jax.evaluation.qa_evaluation import QAFeatureConverter, Spec
 from realm_jax.models import losses
@@ -170,11 +171,7 @@ class RealmQAModel:
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
                gin_bindings=(), top_spans: int = 8):
     self.predictor = QAPredictor(model_dir, step, gin_files, gin_bindings,
-                                 top_spans=top_spans)
-    if not self.predictor.reads:
-      raise ValueError(f'{model_dir} is a {self.predictor.kind} run; the t5x '
-                       'model reads answers with a fine-tuned reader (a '
-                       'Finetune run).')
+                                 top_spans=top_spans, answers_only=True)
     self.run, self.params = self.predictor.run, self.predictor.params
     self.model, self.retrieval = (self.run.objective.model,
                                   self.predictor.retrieval)
@@ -182,8 +179,8 @@ class RealmQAModel:
     self.top_spans = top_spans
     searcher = self.retrieval.client.searcher
     if self.num_candidates > searcher.num_docs:
-      raise ValueError(f'Finetune.num_candidates={self.num_candidates} '
-                       f'exceeds the {searcher.num_docs} indexed blocks.')
+      raise errors.BadConfig(f'Finetune.num_candidates={self.num_candidates} '
+                             f'exceeds the {searcher.num_docs} indexed blocks.')
     self._embeddings = np.asarray(searcher.embeddings)[:searcher.num_docs]
     self._rows = self._embeddings.astype(np.float32, copy=False)
 

@@ -26,7 +26,7 @@ import gin
 import numpy as np
 from etils import epath
 
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.index import publication
 from realm_jax.index.exact import ExactSearcher
 
@@ -138,7 +138,7 @@ class IndexClient:
           self._manager, step, self.corpus_metadata, self.dim,
           self.searcher_kind, self.devices, self.block_length,
           self.search_dtype)
-    except run_directory.DamagedStepError as error:
+    except errors.DamagedStepError as error:
       log.error('Refused index step %d: %s', step, error)
       run_directory.set_aside(run_directory.index_dir(self.model_dir), step)
       return None
@@ -162,8 +162,8 @@ class IndexClient:
     """`search` in two parts: the device work queued now, the returned
     function waits and gives (scores, ids) (see the searchers' `dispatch`)."""
     if self.searcher is None:
-      raise RuntimeError(f'No index published under '
-                         f'{run_directory.index_dir(self.model_dir)} yet.')
+      raise errors.NotFound(f'No index published under '
+                            f'{run_directory.index_dir(self.model_dir)} yet.')
     return self.searcher.dispatch(query_embeddings, k, exclude_ids)
 
   def document_embeddings(self, ids):

@@ -16,7 +16,7 @@ import time
 import numpy as np
 from etils import epath
 
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.data import corpus, corpus_changes
 from realm_jax.index import publication
 from realm_jax.index.embed import DocumentEmbedder, block_arrays
@@ -33,7 +33,7 @@ def _document_tower(model_dir: str, metadata: dict) -> dict:
   except FileNotFoundError:
     source = metadata.get(publication.EMBEDDED_BY)
     if source is None:
-      raise FileNotFoundError(
+      raise errors.NotFound(
           f'{model_dir} no longer keeps checkpoint {params_step}, whose '
           'towers embedded its index: new blocks cannot be embedded like '
           'the rest. Embed the whole corpus again (`realm-jax embed`).'
@@ -50,18 +50,18 @@ def sync_index(model_dir: str, corpus_dir: str, retriever,
   corpus_metadata = corpus.load_metadata(corpus_dir)
   directory = run_directory.index_dir(model_dir)
   if not epath.Path(directory).is_dir():
-    raise FileNotFoundError(f'No index under {directory} to bring up to date.')
+    raise errors.NotFound(f'No index under {directory} to bring up to date.')
   manager = publication.index_manager(directory)
   steps = run_directory.reload(manager)
   if not steps:
-    raise FileNotFoundError(f'No index under {directory} to bring up to date.')
+    raise errors.NotFound(f'No index under {directory} to bring up to date.')
   step = steps[-1]
   metadata = publication.read_metadata(manager, step)
   metadata.setdefault('params_step', step)
   changes = corpus_changes.pending_changes(corpus_metadata,
                                            metadata['corpus_fingerprint'])
   if changes is None:
-    raise publication.IndexMismatchError(
+    raise errors.IndexMismatchError(
         f'Index {directory}/{step} embeds corpus '
         f'{metadata["corpus_fingerprint"]}, which {corpus_dir} (corpus '
         f'{corpus_metadata["corpus_fingerprint"]}) did not change from: '

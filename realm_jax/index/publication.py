@@ -21,8 +21,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed, run_directory
+from realm_jax import distributed, errors, run_directory
 from realm_jax.data import corpus_changes
+from realm_jax.errors import IndexMismatchError
 from realm_jax.index.embed import DocumentEmbedder, embed_corpus
 from realm_jax.index.exact import ExactSearcher
 from realm_jax.index.scann_searcher import ScannSearcher, build_scann
@@ -33,10 +34,6 @@ SEARCHERS = ('exact', 'scann')
 # Metadata of an index copied from another run: that run's model_dir and the
 # step whose towers embedded it.
 EMBEDDED_BY = 'embedded_by'
-
-
-class IndexMismatchError(ValueError):
-  """A published index that does not belong to this corpus or model."""
 
 
 EMBEDDINGS_FILE = 'embeddings.npy'
@@ -236,9 +233,9 @@ def _check_metadata(metadata, where: str) -> None:
             METADATA_FIELDS.items() if not isinstance(metadata.get(name), kind)]
            if isinstance(metadata, dict) else ['not a JSON object'])
   if wrong:
-    raise run_directory.DamagedStepError(
+    raise errors.DamagedStepError(
         where, os.path.join(where, run_directory.METADATA,
-                            run_directory.METADATA), '; '.join(wrong))
+        run_directory.METADATA), '; '.join(wrong))
 
 
 def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
@@ -270,7 +267,7 @@ def load_index(manager: ocp.CheckpointManager, step: int, corpus_metadata: dict,
   if embeddings is None:
     return None
   if embeddings.shape != (metadata['num_blocks'], metadata['dim']):
-    raise run_directory.DamagedStepError(
+    raise errors.DamagedStepError(
         where, os.path.join(where, run_directory.EMBEDDINGS, EMBEDDINGS_FILE),
         f'{embeddings.shape} embeddings, the metadata says '
         f'{(metadata["num_blocks"], metadata["dim"])}')

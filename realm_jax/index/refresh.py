@@ -10,7 +10,7 @@ trainer marks training done and the last step is published. A checkpoint the
 trainer prunes while it is listed or read is skipped (see `run_directory`),
 and a step published meanwhile (the trainer's first index, `corpus sync`'s)
 is left as it is: neither is fatal. A damaged checkpoint (see
-`run_directory.DamagedStepError`) is named in the log and never embedded. A
+`errors.DamagedStepError`) is named in the log and never embedded. A
 trainer waiting for one index (`IndexClient.lockstep_interval`) asks for it,
 and the builder embeds that checkpoint first.
 """
@@ -23,7 +23,7 @@ import gin
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed, run_directory
+from realm_jax import distributed, errors, run_directory
 from realm_jax.data import corpus
 from realm_jax.index import publication
 from realm_jax.index.embed import DocumentEmbedder, local_block_arrays
@@ -96,7 +96,7 @@ class IndexBuilder:
       try:
         params = run_directory.restore_retriever_params(self.checkpoints, due)
         damaged = False
-      except run_directory.DamagedStepError as error:
+      except errors.DamagedStepError as error:
         log.error('Not embedding checkpoint %d: %s', due, error)
         params, damaged = None, True
       if not distributed.everyone(not damaged):
@@ -134,11 +134,13 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
   newest one always when training is done.
   """
   if refresh_interval_steps < 1 or stale_factor < 1:
-    raise ValueError(f'refresh_interval_steps={refresh_interval_steps} and '
-                     f'stale_factor={stale_factor} must be at least 1.')
+    raise errors.BadConfig(
+        f'refresh_interval_steps={refresh_interval_steps} and '
+        f'stale_factor={stale_factor} must be at least 1.')
   if searcher not in publication.SEARCHERS:
-    raise ValueError(f'searcher={searcher!r}; expected one of '
-                     f'{publication.SEARCHERS}.')
+    raise errors.BadConfig(f'searcher={searcher!r}; expected one of '
+                           f'{publication.SEARCHERS}.')
+  corpus.load_metadata(corpus_dir)  # A missing corpus: refused, not awaited.
   distributed.initialize()
   while not epath.Path(run_directory.checkpoints_dir(model_dir)).is_dir():
     time.sleep(poll_seconds)

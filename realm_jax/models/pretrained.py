@@ -19,6 +19,7 @@ import gin
 import numpy as np
 from etils import epath
 
+from realm_jax.errors import WeightImportError
 from realm_jax.models.bert import ACTIVATIONS, BertConfig
 
 # Tensors that belong to heads or training state a BERT encoder does not use.
@@ -26,10 +27,6 @@ _LAYER = re.compile(r'(?:encoder\.layer\.|bert/encoder/layer_)(\d+)[./]')
 _IGNORED_HF = re.compile(r'^(cls\.|embeddings\.position_ids$)')
 _IGNORED_TF = re.compile(
     r'^(cls/|global_step$|.*/adam_[mv]$|.*/Adam(_1)?$|bad_steps$|loss_scale$)')
-
-
-class WeightImportError(ValueError):
-  """A weights file that does not fit the configured BERT."""
 
 
 @dataclasses.dataclass(frozen=True)

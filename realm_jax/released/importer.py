@@ -17,7 +17,6 @@ run directory is written beside its place and moved there when whole.
 import dataclasses
 import json
 import logging
-import os
 import pickle
 
 import gin
@@ -27,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import linen as nn
 
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.data import corpus
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.index import publication
@@ -82,8 +81,8 @@ def hf_bindings(source_paths) -> list[str]:
       continue
     hf = json.loads(config.read_text())
     if hf.get('model_type') != 'realm':
-      raise ValueError(f'{config}: model_type={hf.get("model_type")!r}; '
-                       "expected 'realm'.")
+      raise errors.BadInput(f'{config}: model_type={hf.get("model_type")!r}; '
+                            "expected 'realm'.")
     bindings += [f'{ours} = {hf[theirs]!r}'
                  for theirs, ours in _HF_BINDINGS.items() if theirs in hf]
     if 'reader_seq_len' in hf:
@@ -104,7 +103,7 @@ def check_vocabulary(source_paths, vocab_path: str) -> None:
     folder = path if path.is_dir() else path.parent
     for vocab in (folder / 'vocab.txt', folder / 'assets' / 'vocab.txt'):
       if vocab.exists() and vocab.read_bytes() != ours:
-        raise ValueError(
+        raise errors.BadInput(
             f'{vocab} is not the vocabulary the tasks use ({vocab_path}); '
             f'set {common.VOCAB_ENV}={vocab} for the import and every '
             'command that uses the imported run.')
@@ -135,14 +134,14 @@ def read_params(sources: list[Source], model: Realm, fresh: dict) -> dict:
   for source in sources:
     for part in source.layout.parts:
       if part in owner:
-        raise ValueError(f'Both {owner[part].file.path} and '
-                         f'{source.file.path} hold the {part}.')
+        raise errors.BadInput(f'Both {owner[part].file.path} and '
+                              f'{source.file.path} hold the {part}.')
       owner[part] = source
   missing = [p for p in ('retriever', 'reader') if p not in owner]
   if missing:
-    raise ValueError('No source holds the ' + ' or the '.join(missing) + ': '
-                     'give the embedder and the reader (or one file with '
-                     'both).')
+    raise errors.BadInput(
+        'No source holds the ' + ' or the '.join(missing) + ': give the '
+        'embedder and the reader (or one file with both).')
   params = jax.tree.map(np.asarray, fresh)
   for source in sources:
     tensors = layouts.layout_tensors(source.layout, model)
@@ -162,11 +161,11 @@ def block_embeddings(path: str) -> tuple[TensorFile, tuple[int, int]]:
   file = open_tensor_file(path)
   info = file.infos().get(layouts.BLOCK_EMB)
   if info is None:
-    raise ValueError(f'{file.path} holds no {layouts.BLOCK_EMB!r} tensor '
-                     '(the released block embeddings).')
+    raise errors.BadInput(f'{file.path} holds no {layouts.BLOCK_EMB!r} tensor '
+                          '(the released block embeddings).')
   if len(info.shape) != 2 or not np.issubdtype(info.dtype, np.floating):
-    raise ValueError(f'{file.path}: {layouts.BLOCK_EMB} is {info.dtype} '
-                     f'{info.shape}; expected float [num_blocks, dim].')
+    raise errors.BadInput(f'{file.path}: {layouts.BLOCK_EMB} is {info.dtype} '
+                          f'{info.shape}; expected float [num_blocks, dim].')
   return file, info.shape
 
 
@@ -201,8 +200,8 @@ def read_texts(path: str) -> list[str]:
         f.seek(0)
         array = np.load(f)
     if array.ndim != 1 or array.shape != tuple(shape):
-      raise ValueError(f'{path}: expected a 1-D array of texts, got '
-                       f'{array.shape}.')
+      raise errors.BadInput(f'{path}: expected a 1-D array of texts, got '
+                            f'{array.shape}.')
     return [t.decode('utf-8') if isinstance(t, bytes) else str(t)
             for t in array]
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -234,8 +233,8 @@ def write_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
   bodies = read_texts(blocks_path)
   titles = read_texts(titles_path) if titles_path else [''] * len(bodies)
   if len(titles) != len(bodies):
-    raise ValueError(f'{titles_path} holds {len(titles):,} titles for '
-                     f'{len(bodies):,} blocks in {blocks_path}.')
+    raise errors.BadInput(f'{titles_path} holds {len(titles):,} titles for '
+                          f'{len(bodies):,} blocks in {blocks_path}.')
   writer = corpus.CorpusWriter(output_dir, tokenizer.vocab_path)
   progress = Progress('blocks', len(bodies), unit='blocks')
   for start in range(0, len(bodies), batch):
@@ -291,7 +290,7 @@ def import_released(model_dir: str, sources: list[str], blocks: str,
   """
   model_dir = run_directory.absolute(model_dir)
   if epath.Path(model_dir).exists():
-    raise FileExistsError(f'{model_dir} exists; import writes a new run.')
+    raise errors.BadConfig(f'{model_dir} exists; import writes a new run.')
   hf = hf_bindings(sources)
   run_loader.configure([MODEL_GIN, PRETRAIN_GIN], hf + list(gin_bindings))
   model = build_realm()
@@ -312,21 +311,21 @@ def import_released(model_dir: str, sources: list[str], blocks: str,
     holders = [s.file.path for s in opened
                if layouts.BLOCK_EMB in s.file.infos()]
     if not holders:
-      raise ValueError('No source holds block_emb: give --block_emb '
-                       '(embedder/encoded/encoded.ckpt).')
+      raise errors.BadInput('No source holds block_emb: give --block_emb '
+                            '(embedder/encoded/encoded.ckpt).')
     block_emb = holders[0]
   emb_file, emb_shape = block_embeddings(block_emb)
   if emb_shape[1] != model.projection_size:
-    raise ValueError(f'{emb_file.path}: block_emb is {emb_shape[1]}-wide; '
-                     f'the retriever projects to {model.projection_size}.')
+    raise errors.BadInput(f'{emb_file.path}: block_emb is {emb_shape[1]}-wide; '
+                          f'the retriever projects to {model.projection_size}.')
 
   tokenizer = common.vocabulary().tokenizer
   check_vocabulary(sources, tokenizer.vocab_path)
   corpus_dir = corpus.corpus_dir(corpus_name)
   corpus_metadata = write_corpus(corpus_dir, tokenizer, blocks, titles)
   if corpus_metadata['num_blocks'] != emb_shape[0]:
-    raise ValueError(f'{blocks} holds {corpus_metadata["num_blocks"]:,} '
-                     f'blocks; {emb_file.path} embeds {emb_shape[0]:,}.')
+    raise errors.BadInput(f'{blocks} holds {corpus_metadata["num_blocks"]:,} '
+                          f'blocks; {emb_file.path} embeds {emb_shape[0]:,}.')
 
   params = read_params(opened, model, _fresh_params(model))
   staging = model_dir.rstrip('/') + '.incomplete'

@@ -32,12 +32,10 @@ import ml_dtypes
 import numpy as np
 from etils import epath
 
+from realm_jax.errors import TensorFileError
+
 # A whole-tensor read holds one chunk beyond its output.
 _CHUNK_BYTES = 64 << 20
-
-
-class TensorFileError(ValueError):
-  """A file, or a tensor in it, that this module cannot read."""
 
 
 @dataclasses.dataclass(frozen=True)

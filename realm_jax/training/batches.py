@@ -13,7 +13,7 @@ the index builder: the first index, and the TRAINING_DONE marker.
 import numpy as np
 import seqio
 
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.data import corpus
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.realm import model_retriever
@@ -204,7 +204,7 @@ class OpenQaBatches(_RetrievingBatches):
                      refreshed=objective.train_document_tower)
     self.objective = objective
     if self.retrieval.client.searcher_kind != 'exact':
-      raise ValueError(
+      raise errors.BadConfig(
           "Fine-tuning reads the index's document embeddings, which only the "
           "exact searcher keeps: bind IndexClient.searcher = 'exact'.")
 

@@ -12,7 +12,7 @@ run's parameters use `run_directory.restore_params`.
 A step that fails to restore is told apart: one laid out differently from
 what this code restores (the code or the config changed) stops the run
 (CheckpointMismatch); one with a damaged file or no commit marker
-(`run_directory.DamagedStepError`) is set aside into checkpoints/corrupt/ by
+(`errors.DamagedStepError`) is set aside into checkpoints/corrupt/ by
 `restore_newest`, which resumes from the step before. A save that fails on
 the disk (full, or any OS error) stops the run naming the last good step
 (CheckpointSaveFailed).
@@ -26,7 +26,8 @@ import re
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed, run_directory
+from realm_jax import distributed, errors, run_directory
+from realm_jax.errors import CheckpointMismatch, CheckpointSaveFailed
 from realm_jax.run_directory import DATA_POSITION, TRAIN_STATE, params_item
 from realm_jax.training.train_state import TrainState
 
@@ -40,19 +41,6 @@ _DAMAGE = re.compile(
 _LOCAL_FILE = re.compile(r'local file "([^"]+)"')  # Named by TensorStore.
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # TensorStore's errno.
 _DIFFERENCES_SHOWN = 5
-
-
-class CheckpointMismatch(ValueError):
-  """A whole step laid out otherwise than this code restores it: the code
-  or the config changed since it was saved. The step itself is fine."""
-
-
-class CheckpointSaveFailed(OSError):
-  """A save the disk refused; `errno` is the OS's."""
-
-  def __init__(self, message: str, code: int):
-    super().__init__(message)
-    self.errno = code
 
 
 class Checkpoints:
@@ -104,7 +92,7 @@ class Checkpoints:
 
     Raises CheckpointMismatch when the step's items or trees differ from
     `abstract`'s (a step missing an item counts: stopping is the safe side),
-    and run_directory.DamagedStepError when one of its files is missing or
+    and errors.DamagedStepError when one of its files is missing or
     damaged.
     """
     trees = {params_item(k): v for k, v in abstract.params.items()}
@@ -141,7 +129,7 @@ class Checkpoints:
       try:
         state, position = self.restore(step, abstract)
         whole = True
-      except run_directory.DamagedStepError as error:
+      except errors.DamagedStepError as error:
         log.error('%s', error)
         whole = False
       if distributed.everyone(whole):
@@ -202,12 +190,12 @@ class Checkpoints:
           f'{sorted(present)}, this code restores {sorted(expected)}. '
           'Resume with the code and config that saved it, or use a new '
           'model_dir.') from error
-    if isinstance(error, run_directory.DamagedStepError):
+    if isinstance(error, errors.DamagedStepError):
       return
     # Named first: a tree read below would fail on it too, under its item.
     unreadable = _unreadable_json(where)
     if unreadable is not None:
-      raise run_directory.DamagedStepError(
+      raise errors.DamagedStepError(
           where, unreadable, 'not JSON') from error
     for item, tree in trees.items():
       try:
@@ -215,7 +203,7 @@ class Checkpoints:
       except Exception as unreadable:  # pylint: disable=broad-except
         if not _damage(unreadable):
           return
-        raise run_directory.DamagedStepError(
+        raise errors.DamagedStepError(
             where, *_damaged_file(unreadable, where / item)) from error
       if differences:
         raise CheckpointMismatch(
@@ -224,7 +212,7 @@ class Checkpoints:
             f'({"; ".join(differences)}). Resume with the code and config '
             'that saved it, or use a new model_dir.') from error
     if _damage(error):
-      raise run_directory.DamagedStepError(
+      raise errors.DamagedStepError(
           where, *_damaged_file(error, where)) from error
 
   def _set_aside(self, damaged: list[int], resumed: int) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed, run_directory
+from realm_jax import distributed, errors, run_directory
 from realm_jax.data import corpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
@@ -105,7 +105,7 @@ class CandidateRetrieval:
       publication.check_compatible(metadata, self.corpus_metadata,
                                    self.client.dim, directory,
                                    self.client.block_length)
-    except publication.IndexMismatchError as error:
+    except errors.IndexMismatchError as error:
       log.info("not reusing the warm start's index: %s", error)
       return None
     return publication.read_embeddings(source, source_step)

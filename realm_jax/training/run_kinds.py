@@ -11,6 +11,7 @@ run's warm start read.
 
 import gin
 
+from realm_jax import errors
 from realm_jax.models import losses
 from realm_jax.models.reader import check_answer_rule
 from realm_jax.models.realm import build_realm, model_retriever
@@ -128,13 +129,13 @@ class Pretrain(RunKind):
                source_block_rate: float = 0.0,
                null_score_offset: float | None = None):
     if source_block_rate and num_candidates != 1:
-      raise ValueError(f'Pretrain.source_block_rate={source_block_rate} '
-                       'needs Pretrain.num_candidates = 1 (a reader warm '
-                       f'start), not {num_candidates}.')
+      raise errors.BadConfig(f'Pretrain.source_block_rate={source_block_rate} '
+                             'needs Pretrain.num_candidates = 1 (a reader warm '
+                             f'start), not {num_candidates}.')
     if null_score_offset is not None and not null_document:
-      raise ValueError(f'Pretrain.null_score_offset={null_score_offset} '
-                       'scores the null document: it needs '
-                       'Pretrain.null_document = True.')
+      raise errors.BadConfig(f'Pretrain.null_score_offset={null_score_offset} '
+                             'scores the null document: it needs '
+                             'Pretrain.null_document = True.')
     super().__init__(
         f'realm_pretrain_{corpus_name}_{masking}', 'validation',
         {'query_token_ids': (query_length,), 'mlm_positions': (max_masked,),
@@ -223,16 +224,17 @@ class Finetune(RunKind):
                train_document_tower: bool = False):
     if retriever_beam_size is not None and not (
         retriever_beam_size >= num_candidates):
-      raise ValueError(f'Finetune.retriever_beam_size={retriever_beam_size}: '
-                       'the beam holds the blocks read, expected >= '
-                       f'Finetune.num_candidates={num_candidates}.')
+      raise errors.BadConfig(
+          f'Finetune.retriever_beam_size={retriever_beam_size}: the beam '
+          'holds the blocks read, expected >= '
+          f'Finetune.num_candidates={num_candidates}.')
     if pretrain_model_dir and ict_model_dir:
-      raise ValueError('Finetune starts from a pre-training run '
-                       '(pretrain_model_dir) or from an ICT retriever '
-                       '(ict_model_dir), not both.')
+      raise errors.BadConfig('Finetune starts from a pre-training run '
+                             '(pretrain_model_dir) or from an ICT retriever '
+                             '(ict_model_dir), not both.')
     if qa_regex and not qa_file:
-      raise ValueError('Finetune.qa_regex says how the answers of '
-                       'Finetune.qa_file match: bind a qa_file too.')
+      raise errors.BadConfig('Finetune.qa_regex says how the answers of '
+                             'Finetune.qa_file match: bind a qa_file too.')
     task, eval_split = benchmark, 'test'
     if qa_file:
       task = open_qa_tasks.register_qa_file(qa_file, qa_regex)

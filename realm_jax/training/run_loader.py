@@ -14,7 +14,7 @@ import os
 import gin
 from etils import epath
 
-from realm_jax import run_directory
+from realm_jax import errors, run_directory
 from realm_jax.index import publication
 from realm_jax.training import trainer
 from realm_jax.training.run_kinds import RunKind
@@ -29,9 +29,18 @@ def parse_gin(files, bindings=(), skip_unknown: bool = False,
   'gin/...'` and file paths resolve from the working directory or the
   repository root; a typo or a missing binding fails here, before work."""
   gin.add_config_file_search_path(os.path.dirname(GIN_DIR))
-  gin.parse_config_files_and_bindings(list(files), list(bindings),
-                                      skip_unknown=skip_unknown,
-                                      finalize_config=finalize)
+  try:
+    gin.parse_config_files_and_bindings(list(files), list(bindings),
+                                        skip_unknown=skip_unknown,
+                                        finalize_config=finalize)
+  except (OSError, SyntaxError, ValueError) as error:  # gin's: no file, a
+    # typo, an unknown configurable or parameter, an undefined macro.
+    if isinstance(error, errors.UserError):
+      raise
+    raise errors.BadConfig(
+        f'gin: {errors.one_line(error)}', 'Check the --gin_file paths (from '
+        'here or the repository root) and the names bound in them.'
+    ) from error
 
 
 def configure(files, bindings=()) -> None:
@@ -60,7 +69,7 @@ def configured_run() -> ConfiguredRun:
   missing = [name for name in ('run', 'batch_size', 'num_steps')
              if name not in bound]
   if missing:
-    raise ValueError('The gin config binds no ' + ', '.join(
+    raise errors.BadConfig('The gin config binds no ' + ', '.join(
         f'train.{name}' for name in missing) + '.')
   return ConfiguredRun(bound['run'], bound['batch_size'], bound['num_steps'])
 
@@ -97,8 +106,10 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
   model_dir = run_directory.absolute(model_dir)
   config = run_directory.config_path(model_dir)
   if not config.exists():
-    raise FileNotFoundError(f'No {config}: is {model_dir} a realm-jax '
-                            'training run?')
+    raise errors.NotFound(
+        f'{model_dir} is not a realm-jax training run: it has no '
+        f'{run_directory.CONFIG}.', 'Give the --model_dir of a run that '
+        '`realm-jax train` wrote (or `realm-jax import` made).')
   gin.clear_config()
   gin.parse_config(config.read_text(), skip_unknown=True)
   parse_gin(gin_files, gin_bindings, skip_unknown=True, finalize=False)

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-from realm_jax import distributed, run_directory, run_guard
+from realm_jax import distributed, errors, run_directory, run_guard
 from realm_jax.progress import Progress
 from realm_jax.training import input_pipeline, optimizer, partitioning
 from realm_jax.training.batches import BatchPreparer
@@ -334,7 +334,7 @@ def _check_position(saved: dict, expected: dict, directory: str, step: int):
   changed = {k: (saved.get(k), v) for k, v in expected.items()
              if saved.get(k) != v}
   if changed:
-    raise ValueError(
+    raise errors.BadConfig(
         f'Checkpoint {step} in {directory} was trained with a different data '
         'order: ' + ', '.join(f'{k} {old!r} -> {new!r}'
                               for k, (old, new) in changed.items())

@@ -1,0 +1,262 @@
+"""The command line's error path, `search` and `--version`.
+
+Every subcommand is given bad input the way a user would; each must end in
+a line or two that names the problem, with exit code 2 and no traceback.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import gin
+import numpy as np
+import pytest
+
+from realm_jax import errors, main
+from realm_jax.evaluation.answers import BlockTexts
+from tests.helpers import REPO, finetuned, zebra_data
+
+
+@pytest.fixture(scope='module')
+def finetuned_run(tmp_path_factory, tokenizer):
+  """A tiny 2-step fine-tuning run over the zebra corpus, its environment."""
+  root = tmp_path_factory.mktemp('zebra')
+  env = zebra_data(root, tokenizer)
+  with pytest.MonkeyPatch.context() as patch:
+    for name, value in env.items():
+      patch.setenv(name, value)
+    model_dir = finetuned(root)
+  gin.clear_config()  # Set up between tests: leaves no config behind.
+  return model_dir, env
+
+
+@pytest.fixture
+def places(finetuned_run, trained_pretraining, small_corpus, tmp_path,
+           monkeypatch):
+  """What the bad invocations name: the two runs, a missing path, a file,
+  a QA file of no known format; the zebra environment is set."""
+  finetune, env = finetuned_run
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  # `aot` fakes its devices through the environment of the process.
+  for name in ('XLA_FLAGS', 'JAX_PLATFORMS'):
+    if name in os.environ:
+      monkeypatch.setenv(name, os.environ[name])
+    else:
+      monkeypatch.delenv(name, raising=False)
+  (tmp_path / 'file.txt').write_text('a file\n')
+  (tmp_path / 'notes.txt').write_text('just some notes\n')
+  (tmp_path / 'empty').mkdir()
+  return {'finetune': finetune, 'pretrain': trained_pretraining,
+          'small_corpus': small_corpus, 'missing': str(tmp_path / 'missing'),
+          'file': str(tmp_path / 'file.txt'),
+          'notes': str(tmp_path / 'notes.txt'),
+          'empty': str(tmp_path / 'empty'), 'tmp': str(tmp_path)}
+
+
+def _run(argv, capsys) -> tuple[int, str]:
+  """(exit code, everything printed) of a `realm-jax` command run here."""
+  gin.clear_config()
+  try:
+    code = main.main(argv)
+  except SystemExit as exit_:  # argparse's own usage errors.
+    code = exit_.code
+  printed = capsys.readouterr()
+  return code, printed.out + printed.err
+
+
+# (command line, what the message must say[, the corpus directory the run
+# needs, when not the zebra's]); {names} are `places`.
+BAD_INVOCATIONS = [
+    (['demo', '--work_dir={file}'], 'is a file'),
+    (['data', 'build-corpus', '--jsonl={missing}', '--output_dir={tmp}/c'],
+     'No JSONL file of articles {missing}'),
+    (['data', 'annotate', '--corpus_dir={missing}'], 'No corpus at {missing}'),
+    (['embed', '--model_dir={empty}', '--gin_file=gin/models/tiny.gin'],
+     'No trainer checkpoint in {empty}'),
+    (['embed', '--gin_file=gin/models/nope.gin'], 'nope.gin'),
+    (['train', '--model_dir={tmp}/t', '--gin_file=gin/runs/nope.gin'],
+     'nope.gin'),
+    (['train', '--model_dir={tmp}/t', '--gin_file=gin/models/tiny.gin'],
+     'binds no train.run'),
+    (['train', '--model_dir={tmp}/t', '--gin_file=gin/runs/ict.gin',
+      '--gin_file=gin/models/tiny.gin', '--gin.train.num_stepz=2'],
+     'num_stepz'),
+    (['fill', 'no mask here', '--model_dir={pretrain}'], 'No [MASK] in',
+     'small_corpus'),
+    (['fill', 'The [MASK] is striped.', '--model_dir={finetune}'],
+     'is a fine-tuning run (Finetune)'),
+    (['fill', '--texts={missing}', '--model_dir={pretrain}'],
+     'No file of inputs {missing}'),
+    (['fill', 'The [MASK] is red.', '--model_dir={missing}'],
+     '{missing} is not a realm-jax training run'),
+    (['eval', '--model_dir={finetune}'], 'Give a --task or a --qa_file'),
+    (['eval', '--model_dir={finetune}', '--qa_file={notes}'],
+     '{notes}:1: not an Open-QA row'),
+    (['eval', '--model_dir={missing}', '--task=nq_open'],
+     'is not a realm-jax training run'),
+    (['eval', '--model_dir={finetune}', '--task=nq_opn'], 'invalid choice'),
+    (['ask', 'who?', '--model_dir={missing}'],
+     '{missing} is not a realm-jax training run'),
+    (['ask', 'who?', '--model_dir={pretrain}'],
+     'is a pre-training run (Pretrain)'),
+    (['ask', ' ', '--model_dir={finetune}'], 'the text given is empty'),
+    (['ask', '--questions={empty}', '--model_dir={finetune}'],
+     'it is a directory'),
+    (['search', 'zebra', '--model_dir={missing}'],
+     'is not a realm-jax training run'),
+    (['search', 'zebra', '--model_dir={finetune}', '--top_k=0'],
+     '--top_k 0: give 1 or more'),
+    (['refresh', '--model_dir={tmp}/r', '--corpus_dir={missing}'],
+     'No corpus at {missing}'),
+    (['aot', '--mesh=1', '--model_dir={missing}'],
+     'is not a realm-jax training run'),
+    (['import', '--model_dir={pretrain}', '--source={file}',
+      '--blocks={file}'], 'exists; import writes a new run'),
+    (['corpus', 'add', '--model_dir={finetune}'], 'Give --jsonl=FILE'),
+    (['corpus', 'remove', '--model_dir={missing}', '--titles={file}'],
+     'is not a realm-jax training run'),
+    (['nope'], 'invalid choice'),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize('argv,message,corpora', [
+    (*case, None)[:3] for case in BAD_INVOCATIONS],
+                         ids=[' '.join(c[0][:2]) for c in BAD_INVOCATIONS])
+def test_a_user_error_is_one_message_and_exit_code_2(argv, message, corpora,
+                                                     places, capsys,
+                                                     monkeypatch):
+  if corpora:
+    monkeypatch.setenv('REALM_CORPUS_DIR', places[corpora])
+  code, printed = _run([a.format(**places) for a in argv], capsys)
+  assert code == 2, printed
+  assert message.format(**places) in printed
+  assert 'Traceback' not in printed
+  if argv[0] != 'nope' and 'invalid choice' not in message:
+    last = printed.rstrip().splitlines()[-2:]  # The message, and its hint.
+    assert any(f'realm-jax {argv[0]}: ' in line for line in last), printed
+
+
+@pytest.mark.unit
+def test_every_subcommand_has_a_bad_invocation():
+  commands = main._parser()._subparsers._group_actions[0].choices
+  assert set(commands) == set(main.COMMANDS)
+  assert set(commands) <= {case[0][0] for case in BAD_INVOCATIONS}
+
+
+@pytest.mark.integration
+def test_the_wrong_run_kind_is_read_from_the_run_not_from_a_failure(
+    places, capsys, monkeypatch):
+  """An index that does not fit the corpus is a failure further down;
+  `ask` on a pre-training run is refused before it could reach one."""
+  monkeypatch.setenv('REALM_CORPUS_DIR', places['tmp'])  # No corpus here.
+  code, printed = _run(['ask', 'who?', f'--model_dir={places["pretrain"]}'],
+                       capsys)
+  assert code == 2 and 'realm-jax fill' in printed
+  assert 'realm-jax search' in printed and 'corpus' not in printed
+  # The mismatch itself, on a run that can answer: its index embeds the
+  # zebra corpus, not the small one.
+  monkeypatch.setenv('REALM_CORPUS_DIR', places['small_corpus'])
+  code, printed = _run(['ask', 'who?', f'--model_dir={places["finetune"]}'],
+                       capsys)
+  assert code == 2 and 'does not match' in printed
+  assert 'Traceback' not in printed
+
+
+@pytest.mark.unit
+def test_a_bug_keeps_its_traceback_and_debug_shows_a_user_errors(
+    monkeypatch, capsys):
+  def broken(args):
+    del args
+    raise KeyError('a bug')
+
+  monkeypatch.setitem(main.COMMANDS, 'search', broken)
+  with pytest.raises(KeyError, match='a bug'):
+    main.main(['search', 'x', '--model_dir=y'])
+
+  def refused(args):
+    del args
+    raise errors.BadInput('Bad thing.', 'Do this instead.')
+
+  monkeypatch.setitem(main.COMMANDS, 'search', refused)
+  assert main.main(['search', 'x', '--model_dir=y']) == 2
+  err = capsys.readouterr().err
+  assert err == 'realm-jax search: Bad thing.\nDo this instead.\n'
+  for argv, env in ((['--debug', 'search', 'x', '--model_dir=y'], '0'),
+                    (['search', 'x', '--model_dir=y', '--debug'], '0'),
+                    (['search', 'x', '--model_dir=y'], '1')):
+    monkeypatch.setenv(main.DEBUG_ENV, env)
+    assert main.main(argv) == 2
+    err = capsys.readouterr().err
+    assert 'Traceback' in err and err.endswith(
+        'realm-jax search: Bad thing.\nDo this instead.\n')
+
+
+@pytest.mark.integration
+def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
+  """The real process: Python would print a traceback and exit 1 if the
+  error escaped."""
+  missing = str(tmp_path / 'missing')
+  done = subprocess.run(
+      [sys.executable, '-m', 'realm_jax.main', 'ask', 'who wrote hamlet?',
+       f'--model_dir={missing}'], cwd=REPO, capture_output=True, text=True,
+      check=False, env={**os.environ, main.DEBUG_ENV: ''})
+  assert done.returncode == 2, done.stderr
+  assert 'Traceback' not in done.stderr
+  assert done.stderr.strip().splitlines()[-2] == (
+      f'realm-jax ask: {missing} is not a realm-jax training run: it has no '
+      'config.gin.')
+
+
+@pytest.mark.unit
+def test_version_names_the_packages_and_the_devices(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    main.main(['--version'])
+  assert exit_.value.code == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == 'realm-jax 0.1.0'
+  assert [line.split()[0] for line in lines[:-1]] == list(main.PACKAGES)
+  assert lines[-1].startswith('devices: ') and 'cpu' in lines[-1].lower()
+
+
+def _softmax(scores):
+  p = np.exp(np.asarray(scores, np.float64) - max(scores))
+  return p / p.sum()
+
+
+@pytest.mark.integration
+def test_search_shows_the_top_blocks_of_a_fine_tuning_and_a_pretraining_run(
+    places, capsys, monkeypatch, tmp_path, tokenizer):
+  output = tmp_path / 'found.jsonl'
+  code, printed = _run(['search', 'black and white stripes',
+                        f'--model_dir={places["finetune"]}', '--top_k=3',
+                        f'--output={output}'], capsys)
+  assert code == 0, printed
+  row = json.loads(output.read_text())
+  assert row['kind'] == 'Finetune' and row['index_step'] == 0
+  blocks = row['blocks']
+  assert len(blocks) == 3
+  scores = [b['score'] for b in blocks]
+  assert scores == sorted(scores, reverse=True)
+  np.testing.assert_allclose([b['p_z'] for b in blocks], _softmax(scores),
+                             rtol=1e-6)
+  titles = BlockTexts(os.path.join(os.environ['REALM_CORPUS_DIR'],
+                                  'wiki_leads'), tokenizer).titles
+  assert [b['title'] for b in blocks] == [titles[b['block_id']]
+                                          for b in blocks]
+  for block in blocks:
+    assert f'{block["title"]}: {block["text"]}' in printed
+  # A pre-training run, many queries from a file: the index of its own
+  # step, embedded now (into a copy: the run is shared).
+  pretrain = shutil.copytree(places['pretrain'], str(tmp_path / 'pretrain'))
+  monkeypatch.setenv('REALM_CORPUS_DIR', places['small_corpus'])
+  queries = tmp_path / 'queries.txt'
+  queries.write_text('the capital of France\n\nan English poet\n')
+  code, printed = _run(['search', f'--queries={queries}',
+                        f'--model_dir={pretrain}'], capsys)
+  assert code == 0, printed
+  assert printed.count('(Pretrain step 2, index step 2)') == 2
+  assert printed.count('p(z|x)') == 2
