@@ -5,12 +5,13 @@
       [--output docs/results/startup.json]
 
 Each command is run as a user runs it, a fresh `realm-jax` process with one
-input, `--repeats` times: the median whole-process wall time and the peak
-resident memory. Then one process per command is taken apart: the imports,
+input: once with an empty compilation cache, then `--repeats` times, for the
+median whole-process wall time and the peak resident memory. Then one process per command is taken apart: the imports,
 and the predictor's own phases (`RestoredRun.stopwatch`: the saved config,
 the parameters, the corpus and index, the block texts), the first answer
-(which compiles) and a second one (which does not). It prints a table and
-writes JSON, with the CPU and its measured matmul rate.
+(which compiles, or reads what an earlier process compiled from JAX's
+compilation cache) and a second one. It prints a table and writes JSON,
+with the CPU and its measured matmul rate.
 """
 
 import argparse
@@ -19,14 +20,19 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+
+from realm_jax.main import CACHE_ENV
 
 # One child's phases, printed as JSON on its last line.
 _PHASES = r'''
 import json, sys, time
 start = time.perf_counter()
 command, model_dir, text = sys.argv[1:4]
+from realm_jax import main
 from realm_jax.evaluation import prediction
+main.use_compilation_cache()  # As the command does.
 imported = time.perf_counter() - start
 if command == 'fill':
   predictor = prediction.ClozePredictor(model_dir)
@@ -55,11 +61,11 @@ INPUTS = {'ask': 'who wrote the origin of species?',
           'search': 'origin of species author'}
 
 
-def _timed(argv: list[str]) -> tuple[float, float, str]:
+def _timed(argv: list[str], env=None) -> tuple[float, float, str]:
   """(wall seconds, peak RSS in GB, stdout) of one child process."""
   start = time.perf_counter()
   child = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, env=env)
   _, status, usage = os.wait4(child.pid, 0)
   wall = time.perf_counter() - start
   out, err = child.communicate()
@@ -74,6 +80,8 @@ def measure(runs: dict[str, str], repeats: int) -> dict:
     text = INPUTS[command]
     argv = [sys.executable, '-m', 'realm_jax.main', command, text,
             f'--model_dir={model_dir}']
+    with tempfile.TemporaryDirectory() as empty:  # Nothing compiled yet.
+      cold, _, _ = _timed(argv, {**os.environ, CACHE_ENV: empty})
     walls, peaks = [], []
     for _ in range(repeats):
       wall, peak, _ = _timed(argv)
@@ -82,7 +90,8 @@ def measure(runs: dict[str, str], repeats: int) -> dict:
     _, _, out = _timed([sys.executable, '-c', _PHASES, command, model_dir,
                         text])
     results[command] = {
-        'model_dir': model_dir, 'input': text, 'wall_s': walls,
+        'model_dir': model_dir, 'input': text, 'cold_wall_s': cold,
+        'wall_s': walls,
         'median_wall_s': statistics.median(walls), 'peak_rss_gb': max(peaks),
         'phases_s': json.loads(out.strip().splitlines()[-1])}
     print(f'{command}: median {results[command]["median_wall_s"]:.2f} s',
@@ -95,6 +104,8 @@ def table(results: dict) -> str:
       phase for r in results.values() for phase in r['phases_s']))
   lines = ['| | ' + ' | '.join(results) + ' |',
            '|---|' + '---|' * len(results),
+           '| first process, nothing compiled yet (s) | ' + ' | '.join(
+               f'{r["cold_wall_s"]:.2f}' for r in results.values()) + ' |',
            '| whole process, median wall (s) | ' + ' | '.join(
                f'{r["median_wall_s"]:.2f}' for r in results.values()) + ' |',
            '| peak RSS (GB) | ' + ' | '.join(

@@ -12,6 +12,9 @@ from realm_jax import errors
 
 # Set (to anything but 0) to see the traceback of a user error too.
 DEBUG_ENV = 'REALM_JAX_DEBUG'
+# Where `ask`, `fill` and `search` keep what XLA compiled, for the next call
+# (default ~/.cache/realm-jax/xla; 'off': nowhere).
+CACHE_ENV = 'REALM_JAX_CACHE'
 # Reported by --version: realm-jax's own and the packages it runs on.
 PACKAGES = ('realm-jax', 'jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint',
             'seqio', 'tensorflow-text', 'scann', 'gin-config')
@@ -377,8 +380,22 @@ def _one_or_many(command: str, single: str | None, path: str | None,
     print(report.summary(), file=sys.stderr)
 
 
+def use_compilation_cache() -> None:
+  """JAX's persistent compilation cache, so that a command answering one
+  input does not compile the same functions again every time it starts."""
+  import jax  # pylint: disable=g-import-not-at-top
+  directory = os.environ.get(CACHE_ENV) or os.path.join(
+      os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),
+      'realm-jax', 'xla')
+  if directory == 'off':
+    return
+  jax.config.update('jax_compilation_cache_dir', directory)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+
+
 def _fill(args) -> None:
   from realm_jax.evaluation.prediction import ClozePredictor  # pylint: disable=g-import-not-at-top
+  use_compilation_cache()
   with _one_or_many('fill', args.text, args.texts, args.output) as (
       texts, report, write):
     predictor, filled = ClozePredictor(args.model_dir), 0
@@ -446,6 +463,7 @@ def _eval(args) -> None:
 
 def _ask(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
+  use_compilation_cache()
   with _one_or_many('ask', args.question, args.questions, args.output) as (
       questions, _, write):
     # It reads its candidates, whatever top_k.
@@ -476,6 +494,7 @@ def _check_top_k(top_k: int) -> None:
 def _search(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
   _check_top_k(args.top_k)
+  use_compilation_cache()
   with _one_or_many('search', args.query, args.queries, args.output) as (
       queries, _, write):
     predictor = QAPredictor(args.model_dir, top_k=args.top_k, read=False)

@@ -8,6 +8,9 @@ multi-device meshes; unsharded code still runs on device 0.
 import os
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+# `ask`, `fill` and `search` run in this process leave JAX's compilation
+# cache off for the tests after them (test_main turns it on in a child).
+os.environ.setdefault('REALM_JAX_CACHE', 'off')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import signal

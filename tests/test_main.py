@@ -260,3 +260,15 @@ def test_search_shows_the_top_blocks_of_a_fine_tuning_and_a_pretraining_run(
   assert code == 0, printed
   assert printed.count('(Pretrain step 2, index step 2)') == 2
   assert printed.count('p(z|x)') == 2
+
+
+@pytest.mark.integration
+def test_search_in_a_fresh_process_keeps_what_it_compiled(places, tmp_path):
+  cache = tmp_path / 'xla'
+  done = subprocess.run(
+      [sys.executable, '-m', 'realm_jax.main', 'search', 'zebra stripes',
+       f'--model_dir={places["finetune"]}'], cwd=REPO, capture_output=True,
+      text=True, check=False, env={**os.environ, main.CACHE_ENV: str(cache)})
+  assert done.returncode == 0, done.stderr
+  assert 'Animal ' in done.stdout or 'Crossings' in done.stdout
+  assert any(cache.iterdir())  # The next `search` reads it.

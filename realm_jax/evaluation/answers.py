@@ -14,49 +14,71 @@ exact match) is the stretch of the block's own text those wordpieces cover,
 with its casing, accents and spacing.
 """
 
+import collections.abc
 import dataclasses
 
 import numpy as np
 
-from realm_jax.data import corpus, corpus_changes
+from realm_jax.data import block_store, corpus, corpus_changes
 from realm_jax.data.answer_matching import normalize_answer
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import BEST_SPAN, MARGINAL
 
 
+class _Texts(collections.abc.Mapping):
+  """Block id -> text of the live blocks, decoded from the store on use."""
+
+  def __init__(self, text_of, live: list[int]):
+    self._text_of, self._live, self._alive = text_of, live, set(live)
+
+  def __getitem__(self, block_id: int) -> str:
+    if block_id not in self._alive:
+      raise KeyError(block_id)
+    return self._text_of(block_id)
+
+  def __iter__(self):
+    return iter(self._live)
+
+  def __len__(self) -> int:
+    return len(self._live)
+
+
 class BlockTexts:
   """The title and body of every live block of a corpus (removed ones
-  left out), and the text of a span."""
+  left out), from its block store, and the text of a span."""
 
   def __init__(self, corpus_dir: str, tokenizer):
     self.tokenizer = tokenizer
-    self.titles, self.bodies = {}, {}
+    store = block_store.open_store(corpus_dir)
     removed = set(corpus_changes.removed_ids(
         corpus.load_metadata(corpus_dir)).tolist())
-    for block in corpus.read_blocks(corpus_dir).as_numpy_iterator():
-      block_id = int(block['block_id'])
-      if block_id in removed:
-        continue  # Never retrieved, nor searched for answers.
-      self.titles[block_id] = block['title'].decode('utf-8')
-      self.bodies[block_id] = block['body'].decode('utf-8')
-    self._pieces = {}  # segment -> block id -> (UTF-8 text, ids, offsets)
+    live = [i for i in range(store.num_blocks) if i not in removed]
+    self.titles = _Texts(store.title, live)
+    self.bodies = _Texts(store.body, live)
+    # segment -> block id -> (UTF-8 text, wordpiece ids, byte offsets)
+    self._pieces = {'title': {}, 'body': {}}
     # Spans whose wordpieces did not line up with the text (counted, shown
     # as detokenized wordpieces instead).
     self.unaligned = 0
 
+  def prepare(self, block_ids) -> None:
+    """Tokenizes the titles and bodies of `block_ids` not seen before, in
+    one batched call per segment: the blocks whose spans are read next."""
+    for segment, texts in (('title', self.titles), ('body', self.bodies)):
+      pieces = self._pieces[segment]
+      new = sorted({int(i) for i in block_ids} - set(pieces))
+      if not new:
+        continue
+      tokenized = self.tokenizer.tokenize_with_offsets(
+          [texts[i] for i in new])
+      for i, tokens in zip(new, tokenized):
+        pieces[i] = (texts[i].encode('utf-8'), *tokens)
+
   def _tokens(self, block_id: int, segment: str):
-    """(UTF-8 bytes, wordpiece ids, byte offsets) of a block's title or body;
-    every block's at the first call (one batched tokenization)."""
-    if segment not in self._pieces:
-      texts = self.titles if segment == 'title' else self.bodies
-      ids = list(texts)
-      tokenized = []
-      for start in range(0, len(ids), 4096):
-        tokenized += self.tokenizer.tokenize_with_offsets(
-            [texts[i] for i in ids[start:start + 4096]])
-      self._pieces[segment] = {
-          i: (texts[i].encode('utf-8'), *pieces)
-          for i, pieces in zip(ids, tokenized)}
+    """(UTF-8 bytes, wordpiece ids, byte offsets) of a block's title or
+    body."""
+    if block_id not in self._pieces[segment]:
+      self.prepare([block_id])
     return self._pieces[segment][block_id]
 
   def span_text(self, block_id: int, segment: str, first: int, last: int,

@@ -325,6 +325,7 @@ class QAPredictor(RestoredRun):
     log_p_z = read['log_p_z_joint' if self.answer_rule == BEST_SPAN
                    else 'log_p_z']
     query_lengths = np.sum(query['input_mask'], axis=-1)
+    self.texts.prepare(candidate_ids[candidate_ids >= 0])  # One batch.
     for b, result in enumerate(results):
       locate = block_segments(blocks['token_type_ids'][b],
                               int(query_lengths[b]),

@@ -19,10 +19,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed, errors, run_directory
-from realm_jax.data import corpus
+from realm_jax.data import block_store, corpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
-from realm_jax.index.embed import DocumentEmbedder, block_arrays, local_share
+from realm_jax.index.embed import DocumentEmbedder, local_share
 from realm_jax.models.candidates import (NULL_DOCUMENT_ID, gather_blocks,
                                          null_document, select_candidates)
 from realm_jax.models.retriever import Retriever
@@ -56,7 +56,8 @@ class CandidateRetrieval:
     # the only candidate (the reader without retrieval needs no index).
     self.fetch = num_candidates - int(null_document_first)
     self.exclude_source = exclude_source
-    self.blocks = block_arrays(corpus_dir, max_length=block_length)
+    self.blocks = block_store.open_store(corpus_dir).padded(
+        block_length or self.corpus_metadata['max_block_length'])
     self.null = {k: np.asarray(v) for k, v in null_document(
         self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
     # This process's devices only: each process searches its own queries.

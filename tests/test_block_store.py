@@ -1,0 +1,69 @@
+"""The block store: the shards' blocks, written once, memory-mapped after."""
+
+import json
+
+import numpy as np
+import pytest
+
+from realm_jax.data import block_store, corpus, corpus_changes
+from realm_jax.index.embed import block_arrays
+from tests.helpers import ARTICLES
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def zebra_corpus(tmp_path, tokenizer):
+  source = tmp_path / 'articles.jsonl'
+  source.write_text(''.join(json.dumps(a) + '\n' for a in ARTICLES))
+  directory = str(tmp_path / 'wiki_leads')
+  corpus.build_corpus(directory, tokenizer, jsonl_paths=[str(source)])
+  return directory
+
+
+def test_the_store_holds_what_the_shards_hold(zebra_corpus):
+  store = block_store.open_store(zebra_corpus)
+  blocks = list(corpus.read_blocks(zebra_corpus).as_numpy_iterator())
+  assert store.num_blocks == len(blocks) == 12
+  for i, block in enumerate(blocks):
+    assert store.title(i) == block['title'].decode()
+    assert store.body(i) == block['body'].decode()
+    np.testing.assert_array_equal(store.token_ids(i), block['token_ids'])
+  longest = max(len(b['token_ids']) for b in blocks)
+  for length in (8, 16, longest, 64):  # Cut, and not.
+    padded = store.padded(length)
+    expected = block_arrays(zebra_corpus, max_length=length)
+    for name in ('token_ids', 'token_type_ids', 'input_mask'):
+      np.testing.assert_array_equal(padded[name], expected[name], name)
+
+
+def test_later_readers_map_the_store_and_a_changed_corpus_gets_a_new_one(
+    zebra_corpus, tokenizer, tmp_path):
+  block_store.open_store(zebra_corpus)
+  written = sorted(p.name for p in tmp_path.joinpath('wiki_leads').iterdir()
+                   if p.name.startswith(block_store.PREFIX))
+  assert len(written) == 1 and '.incomplete' not in written[0]
+  mapped = block_store.open_store(zebra_corpus)
+  assert isinstance(mapped.arrays['token_ids'], np.memmap)
+  assert mapped.title(3) == ARTICLES[3]['title']
+  added = tmp_path / 'new.jsonl'
+  added.write_text(json.dumps({'title': 'Quokka', 'text': 'A small '
+                               'wallaby of Rottnest Island.'}) + '\n')
+  corpus_changes.add_articles(zebra_corpus, tokenizer, [str(added)])
+  changed = block_store.open_store(zebra_corpus)
+  assert changed.num_blocks == 13 and changed.title(12) == 'Quokka'
+  now = sorted(p.name for p in tmp_path.joinpath('wiki_leads').iterdir()
+               if p.name.startswith(block_store.PREFIX))
+  assert len(now) == 1 and now != written  # The stale store is gone.
+
+
+def test_a_damaged_store_is_read_again_from_the_shards(zebra_corpus,
+                                                       tmp_path):
+  block_store.open_store(zebra_corpus)
+  store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
+                   if p.name.startswith(block_store.PREFIX))
+  (store_dir / 'titles.npy').write_bytes(b'garbage')
+  store = block_store.open_store(zebra_corpus)
+  assert store.title(0) == ARTICLES[0]['title']
+  assert isinstance(block_store.open_store(zebra_corpus).arrays['titles'],
+                    np.memmap)  # Written afresh.
