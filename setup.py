@@ -40,6 +40,6 @@ setuptools.setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={'test': ['pytest>=8', 'hypothesis>=6.100', *BENCH],
                     'bench': BENCH},
-    entry_points={'console_scripts': ['realm-jax=realm_jax.main:main']},
+    entry_points={'console_scripts': ['realm-jax=realm_jax.main:run']},
     license='Apache-2.0',
 )
