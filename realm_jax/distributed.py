@@ -9,6 +9,7 @@ JAX_PROCESS_ID. A single process needs none of them.
 
 import logging
 import os
+import sys
 
 import jax
 import numpy as np
@@ -41,6 +42,23 @@ def process_index() -> int:
   return int(os.environ.get('JAX_PROCESS_ID', '0'))
 
 
+class _CurrentStderr(logging.StreamHandler):
+  """Writes to `sys.stderr` as it is when a line is logged, not as it was
+  when the handler was made: a caller that redirects it (a notebook,
+  `contextlib.redirect_stderr`, a test's capture) gets the lines."""
+
+  def __init__(self):
+    super().__init__(sys.stderr)
+
+  @property
+  def stream(self):
+    return sys.stderr
+
+  @stream.setter
+  def stream(self, unused_value):
+    pass
+
+
 class _InfoOnProcessZero(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -54,7 +72,7 @@ def log_to_stderr() -> None:
   if any(isinstance(f, _InfoOnProcessZero) for h in root.handlers
          for f in h.filters):
     return
-  handler = logging.StreamHandler()
+  handler = _CurrentStderr()
   handler.setFormatter(logging.Formatter('%(message)s'))
   handler.addFilter(_InfoOnProcessZero())
   root.addHandler(handler)

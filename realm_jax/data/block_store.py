@@ -14,7 +14,6 @@ shards each time.
 
 import logging
 import os
-import shutil
 
 import numpy as np
 from etils import epath
@@ -93,6 +92,13 @@ def _read_shards(corpus_dir: str) -> dict[str, np.ndarray]:
   return arrays
 
 
+def _remove(directory: epath.Path) -> None:
+  try:
+    directory.rmtree()
+  except OSError:  # Gone already: another reader removed it.
+    pass
+
+
 def _write(directory: epath.Path, arrays: dict[str, np.ndarray]) -> None:
   """Into a temporary directory, renamed when whole; older stores go."""
   staged = directory.parent / f'{directory.name}.incomplete-{os.getpid()}'
@@ -102,11 +108,11 @@ def _write(directory: epath.Path, arrays: dict[str, np.ndarray]) -> None:
   try:
     staged.rename(directory)
   except OSError:  # Another reader wrote it first.
-    shutil.rmtree(staged, ignore_errors=True)
+    _remove(staged)
     return
   for old in directory.parent.glob(f'{PREFIX}*'):
     if old.name != directory.name:
-      shutil.rmtree(old, ignore_errors=True)
+      _remove(old)
 
 
 def open_store(corpus_dir: str) -> BlockStore:
@@ -122,7 +128,7 @@ def open_store(corpus_dir: str) -> BlockStore:
     except (OSError, ValueError) as error:  # Damaged: read the shards.
       log.warning('%s is unreadable (%s); reading the corpus shards.',
                   directory, error)
-      shutil.rmtree(directory, ignore_errors=True)
+      _remove(directory)
   arrays = _read_shards(corpus_dir)
   if local:
     try:
