@@ -37,6 +37,24 @@ class _Version(argparse.Action):
     parser.exit()
 
 
+def _one_or_many_arguments(command, single: tuple[str, str],
+                           many: tuple[str, str, str], model_dir: str,
+                           row: str, written: str) -> None:
+  """A command's input, one on the command line or a file of them, its run
+  and its JSONL output: `single` (name, example), `many` (flag, what the
+  file holds, what is done to them)."""
+  inputs = command.add_mutually_exclusive_group(required=True)
+  inputs.add_argument(single[0], nargs='?', help=single[1])
+  flag, plural, done = many
+  inputs.add_argument(flag, default=None,
+                      help=f'A file of {plural}, one a line ("-": standard '
+                      f'input), {done} by one loaded model.')
+  command.add_argument('--model_dir', required=True, help=model_dir)
+  command.add_argument('--output', default=None,
+                       help=f'Also write one JSON object per {row} here '
+                       f'(JSONL): {written}.')
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='realm-jax',
@@ -132,18 +150,12 @@ def _parser() -> argparse.ArgumentParser:
   fill = command(
       'fill', help='Fill the [MASK]s of a sentence with a pre-training run, '
       'showing the documents it retrieved and how each one votes.')
-  fill_inputs = fill.add_mutually_exclusive_group(required=True)
-  fill_inputs.add_argument('text', nargs='?', help='e.g. "The [MASK] is the '
-                           'currency of the United Kingdom."')
-  fill_inputs.add_argument('--texts', default=None,
-                           help='A file of sentences, one a line ("-": '
-                           'standard input), filled by one loaded model.')
-  fill.add_argument('--model_dir', required=True,
-                    help='A `realm-jax train` pre-training run.')
-  fill.add_argument('--output', default=None,
-                    help='Also write one JSON object per sentence here '
-                    '(JSONL): the filled text, p(y|x) of each [MASK], and '
-                    'each document with p(z|x) and p(y|z,x).')
+  _one_or_many_arguments(
+      fill, ('text', 'e.g. "The [MASK] is the currency of the United '
+             'Kingdom."'), ('--texts', 'sentences', 'filled'),
+      'A `realm-jax train` pre-training run.', 'sentence', 'the filled '
+      'text, p(y|x) of each [MASK], and each document with p(z|x) and '
+      'p(y|z,x)')
 
   evaluate = command(
       'eval', help='Score a run on an Open-QA test set (a benchmark\'s, or '
@@ -197,38 +209,24 @@ def _parser() -> argparse.ArgumentParser:
   ask = command(
       'ask', help='Answer a question with a fine-tuning run, showing the '
       'blocks it read and how each one supports the answer.')
-  ask_inputs = ask.add_mutually_exclusive_group(required=True)
-  ask_inputs.add_argument('question', nargs='?',
-                          help='e.g. "who wrote the origin of species?"')
-  ask_inputs.add_argument('--questions', default=None,
-                          help='A file of questions, one a line ("-": '
-                          'standard input), answered by one loaded model.')
-  ask.add_argument('--model_dir', required=True,
-                   help='A `realm-jax train` fine-tuning run.')
-  ask.add_argument('--output', default=None,
-                   help='Also write one JSON object per question here '
-                   '(JSONL): the answer, its probability, the runners-up '
-                   'and each block with p(z|x) and p(y|z,x).')
+  _one_or_many_arguments(
+      ask, ('question', 'e.g. "who wrote the origin of species?"'),
+      ('--questions', 'questions', 'answered'),
+      'A `realm-jax train` fine-tuning run.', 'question', 'the answer, its '
+      'probability, the runners-up and each block with p(z|x) and p(y|z,x)')
 
   search = command(
       'search', help="Retrieve with any run's retriever (ICT, pre-training, "
       'fine-tuning, or MiniLM\'s warm start): the top blocks of a query with '
       'their scores and p(z|x) over them. The quickest look at what a '
       'retriever learned.')
-  search_inputs = search.add_mutually_exclusive_group(required=True)
-  search_inputs.add_argument('query', nargs='?',
-                             help='e.g. "origin of species author"')
-  search_inputs.add_argument('--queries', default=None,
-                             help='A file of queries, one a line ("-": '
-                             'standard input), searched by one loaded model.')
-  search.add_argument('--model_dir', required=True,
-                      help='A `realm-jax train` run of any kind.')
+  _one_or_many_arguments(
+      search, ('query', 'e.g. "origin of species author"'),
+      ('--queries', 'queries', 'searched'),
+      'A `realm-jax train` run of any kind.', 'query', 'each block with its '
+      'id, title, opening words, score and p(z|x)')
   search.add_argument('--top_k', type=int, default=5,
                       help='Blocks shown per query (at most every block).')
-  search.add_argument('--output', default=None,
-                      help='Also write one JSON object per query here '
-                      '(JSONL): each block with its id, title, opening '
-                      'words, score and p(z|x).')
 
   refresh = command(
       'refresh', help='The index builder: re-embed and publish every new '
