@@ -102,7 +102,7 @@ def _remove(directory: epath.Path) -> None:
 def _write(directory: epath.Path, arrays: dict[str, np.ndarray]) -> None:
   """Into a temporary directory, renamed when whole; older stores go."""
   staged = directory.parent / f'{directory.name}.incomplete-{os.getpid()}'
-  staged.mkdir()
+  staged.mkdir(exist_ok=True)  # A killed writer's, of a reused pid.
   for name in ARRAYS:
     np.save(os.fspath(staged / f'{name}.npy'), arrays[name])
   try:
