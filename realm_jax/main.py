@@ -113,6 +113,20 @@ def _parser() -> argparse.ArgumentParser:
   annotate.add_argument('--vocab', default=None)
   annotate.add_argument('--num_processes', type=int,
                         default=os.cpu_count() or 1)
+  export = step(
+      'export', help="A run's examples (and its corpus's block store) "
+      'written as pre-tokenized arrays, which the TF-free core reads '
+      "(Examples.source = 'arrays'): the same examples as its seqio tasks, "
+      'at the shapes its gin files set.',
+      epilog='e.g. realm-jax data export --gin_file=gin/runs/pretrain.gin '
+      '--gin_file=gin/setups/demo.gin')
+  export.add_argument('--gin_file', action='append', required=True,
+                      help='The run\'s gin files (repeatable), as `train` '
+                      'takes them.')
+  export.add_argument('--gin_bindings', action='append', default=[])
+  export.add_argument('--output_dir', default=None,
+                      help='The arrays\' root (default $REALM_ARRAYS_DIR, '
+                      'else runs/arrays).')
 
   def add_gin(command, default_gin):
     command.add_argument('--gin_file', action='append', default=None,
@@ -424,7 +438,8 @@ def _fill(args) -> None:
 
 def _eval(args) -> None:
   from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
-  from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import open_qa  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import run_kinds  # pylint: disable=g-import-not-at-top
   if not args.task and not args.qa_file:
     raise errors.BadConfig('Nothing to score.', 'Give a --task or a '
                            '--qa_file.')
@@ -432,22 +447,25 @@ def _eval(args) -> None:
     raise errors.BadConfig('--qa_regex is about the answers of a --qa_file; '
                            'give one.')
   # Before the model loads: a file of no known format is refused.
-  file_tasks = [open_qa_tasks.register_qa_file(path, args.qa_regex)
-                for path in args.qa_file]
+  for path in args.qa_file:
+    open_qa.qa_file_format(path)
   gin_files = args.gin_file or ()
   output_dir = args.output_dir or os.path.join(args.model_dir, 'eval')
-  tasks = [t for t in args.task if t != 'masked_lm'] + file_tasks
-  if args.retrieval_output and len(tasks) != 1:
+  tasks = [t for t in args.task if t != 'masked_lm']
+  if args.retrieval_output and len(tasks) + len(args.qa_file) != 1:
     raise errors.BadConfig('--retrieval_output is one file; give one QA '
-                           f'task, not {len(tasks)}.')
+                           f'task, not {len(tasks) + len(args.qa_file)}.')
   _check_top_k(args.top_k)
   if 'masked_lm' in args.task:
     summary = masked_lm.evaluate(args.model_dir, output_dir, 'masked_lm',
                                  gin_files, args.gin_bindings, args.batch_size,
                                  step=args.step)
     print('masked_lm: ' + ', '.join(f'{k} {v}' for k, v in summary.items()))
-  predictor = tasks and qa_evaluation.QAPredictor(
+  predictor = (tasks or args.qa_file) and qa_evaluation.QAPredictor(
       args.model_dir, args.step, gin_files, args.gin_bindings, args.top_k)
+  # With the run's config parsed: its examples' source names the files' tasks.
+  tasks += [run_kinds.qa_file_task(path, args.qa_regex)
+            for path in args.qa_file]
   for task in tasks:
     summary = qa_evaluation.evaluate(
         predictor, task, output_dir, args.batch_size, args.num_examples,
@@ -633,6 +651,20 @@ def _data(args) -> None:
         wiki_leads_json=None if args.jsonl else embedded.wiki_leads_json(),
         jsonl_paths=args.jsonl, max_block_length=args.max_block_length,
         blocks_per_shard=args.blocks_per_shard)
+  elif args.step == 'export':
+    from realm_jax.data import block_store  # pylint: disable=g-import-not-at-top
+    from realm_jax.training import input_pipeline, run_loader  # pylint: disable=g-import-not-at-top
+    _parse_gin(args)
+    configured = run_loader.configured_run()
+    store = block_store.open_store(corpus.corpus_dir(
+        configured.run.corpus_name))
+    print(f'{configured.run.corpus_name}: {store.num_blocks:,} blocks in its '
+          'block store')
+    for split in configured.run.example_splits():
+      written = input_pipeline.export(
+          split.task, split.split, split.shapes, configured.seed,
+          args.output_dir, split.corpus_name, split.strings, split.metadata)
+      print(f'{split.task} {split.split}: {written["count"]:,} examples')
   elif args.step == 'annotate':
     from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
     salient_spans.annotate_corpus(
@@ -653,7 +685,7 @@ def _corpus(args) -> None:
     corpus_sync.sync_index(loaded.model_dir, corpus_dir, loaded.run.retriever(),
                            args.batch_size)
     _, added = corpus_changes.add_articles(
-        corpus_dir, batches.task_tokenizer(loaded.run.task), args.jsonl)
+        corpus_dir, batches.task_tokenizer(), args.jsonl)
     print(f'{corpus_dir}: blocks {added.start:,}-{added.stop - 1:,} added')
   elif args.action == 'remove':
     if not args.titles:

@@ -1,14 +1,13 @@
 """What the tasks share: the WordPiece vocabulary and the known corpora."""
 
 import functools
-import os
 
 import seqio
 
 from realm_jax import embedded
 from realm_jax.data.vocabulary import WordPieceVocabulary
 
-VOCAB_ENV = 'REALM_VOCAB'
+VOCAB_ENV = embedded.VOCAB_ENV
 # The embedded default corpus: the Wikipedia leads, built by
 # `realm-jax data build-corpus` into $REALM_CORPUS_DIR/wiki_leads.
 CORPORA = ('wiki_leads',)
@@ -17,8 +16,7 @@ CORPORA = ('wiki_leads',)
 @functools.cache
 def vocabulary() -> WordPieceVocabulary:
   """BERT's uncased vocab ($REALM_VOCAB, else the embedded MiniLM's)."""
-  return WordPieceVocabulary(os.environ.get(VOCAB_ENV) or
-                             embedded.minilm_vocab())
+  return WordPieceVocabulary(embedded.task_vocab())
 
 
 def token_feature(required: bool = True) -> seqio.Feature:

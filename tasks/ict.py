@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import ict
-from realm_jax.data import salient_spans
+from realm_jax.data import salient_spans, task_names
 from tasks import common
 
 VALIDATION_PER_MILLE = 10
@@ -44,7 +44,7 @@ OUTPUT_FEATURES = {
 
 def register(corpus: str) -> None:
   seqio.TaskRegistry.add(
-      f'ict_{corpus}',
+      task_names.ict(corpus),
       source=seqio.FunctionDataSource(functools.partial(blocks, corpus),
                                       splits=('train', 'validation')),
       preprocessors=[ict_preprocessor],

@@ -6,14 +6,10 @@ name as they read the benchmarks.
 """
 
 import functools
-import hashlib
-import re
 
 import seqio
 import tensorflow as tf
-from etils import epath
 
-from realm_jax import errors
 from realm_jax.data import open_qa
 from realm_jax.evaluation import metrics
 from tasks import common
@@ -94,28 +90,16 @@ def register(benchmark: str) -> None:
        benchmark in open_qa.REGEX_ANSWERS)
 
 
-def qa_file_task_name(path: str, regex: bool = False) -> str:
-  """qa_file_<stem>[_regex]_<8 hex digits of the content's SHA-256>: the
-  same file names the same task in every process, and an edited one
-  another (a resumed fine-tuning run then refuses the changed data)."""
-  path = epath.Path(path)
-  if not path.exists():
-    raise errors.NotFound(f'No Open-QA file {path}.')
-  stem = re.sub(r'[^0-9a-z_]', '_', path.stem.lower())
-  digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
-  return f'qa_file_{stem}{"_regex" if regex else ""}_{digest}'
-
-
 def register_qa_file(path: str, regex: bool = False) -> str:
   """Registers an Open-QA file (`open_qa.load_file`) as a seqio task, once,
-  and returns its name (`qa_file_task_name`).
+  and returns its name (`open_qa.qa_file_task_name`).
 
   Its splits are `open_qa.QA_FILE_SPLITS`: 'test' every question, 'train'
   and 'validation' a fixed partition of them. `regex`: the answers are
   patterns, scored by regex match. A file of no known format is refused
   here (ValueError naming its file and line), before anything reads it.
   """
-  name = qa_file_task_name(path, regex)
+  name = open_qa.qa_file_task_name(path, regex)
   if name not in seqio.TaskRegistry.names():
     open_qa.qa_file_format(path)
     _add(name, functools.partial(file_examples, str(path), regex),

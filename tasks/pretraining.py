@@ -10,7 +10,7 @@ from etils import epath
 from realm_jax import errors
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import masking
-from realm_jax.data import salient_spans
+from realm_jax.data import salient_spans, task_names
 from tasks import common
 
 
@@ -65,9 +65,9 @@ OUTPUT_FEATURES = {
 
 
 def register(corpus: str) -> None:
-  for name in masking.MASKINGS:
+  for name in task_names.MASKINGS:
     seqio.TaskRegistry.add(
-        f'realm_pretrain_{corpus}_{name}',
+        task_names.pretrain(corpus, name),
         source=seqio.FunctionDataSource(
             functools.partial(annotated_blocks, corpus),
             splits=('train', 'validation')),
@@ -75,7 +75,7 @@ def register(corpus: str) -> None:
         output_features=OUTPUT_FEATURES)
   # Held-out scoring: the same queries for every model and masking.
   seqio.TaskRegistry.add(
-      f'realm_pretrain_{corpus}_{masking.EVERY_SPAN}',
+      task_names.held_out(corpus),
       source=seqio.FunctionDataSource(
           functools.partial(annotated_blocks, corpus), splits=('validation',)),
       preprocessors=[every_span_preprocessor],

@@ -10,6 +10,10 @@ or `remove`) is never read from a stale one; it is written into a
 temporary directory and renamed, so a killed writer leaves none half
 written. A corpus on a remote or read-only file system is read from its
 shards each time.
+
+The store is also the corpus of the TF-free core (`realm_jax.extras`):
+there the shards cannot be read, so a store must have been written where
+TensorFlow is (`realm-jax data export` writes it, or any first reader).
 """
 
 import logging
@@ -48,11 +52,13 @@ class BlockStore:
   def body(self, i: int) -> str:
     return self._text('bodies', 'body_offsets', i)
 
-  def padded(self, length: int) -> dict[str, np.ndarray]:
-    """token_ids/token_type_ids/input_mask [n, L] of every block, each cut
-    to L = `length` wordpieces but still closed by its [SEP]; the title's
-    [CLS] title [SEP] has type 0."""
-    offsets = self.arrays['token_offsets'].astype(np.int64)
+  def padded(self, length: int, start: int = 0, stop: int | None = None
+             ) -> dict[str, np.ndarray]:
+    """token_ids/token_type_ids/input_mask [n, L] of blocks [start, stop),
+    each cut to L = `length` wordpieces but still closed by its [SEP]; the
+    title's [CLS] title [SEP] has type 0."""
+    stop = self.num_blocks if stop is None else stop
+    offsets = self.arrays['token_offsets'][start:stop + 1].astype(np.int64)
     lengths = np.diff(offsets)
     kept = np.minimum(lengths, length)
     columns = np.arange(length)
@@ -63,7 +69,7 @@ class BlockStore:
         columns[None, :])
     token_ids = np.where(inside, self.arrays['token_ids'][
         np.where(inside, source, 0)], 0).astype(np.int32)
-    title_end = self.arrays['title_lengths'][:, None] + 2
+    title_end = self.arrays['title_lengths'][start:stop, None] + 2
     return {'token_ids': token_ids, 'input_mask': inside.astype(np.int32),
             'token_type_ids': (inside & (columns[None, :] >= title_end)
                                ).astype(np.int32)}

@@ -19,10 +19,9 @@ import os
 from typing import Iterable, Iterator
 
 import numpy as np
-import tensorflow as tf
 from etils import epath
 
-from realm_jax import errors
+from realm_jax import errors, extras
 from realm_jax.data import sources
 from realm_jax.data.skips import SkipReport, is_text, parse_json_object
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -50,6 +49,7 @@ class Block:
   sentence_ends: list[int]
 
   def to_example(self) -> bytes:
+    tf = tensorflow()
     ints = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
     text = lambda s: tf.train.Feature(
         bytes_list=tf.train.BytesList(value=[s.encode('utf-8')]))
@@ -64,7 +64,19 @@ class Block:
     })).SerializeToString()
 
 
-BLOCK_FEATURES = {
+def tensorflow():
+  """TensorFlow, which the corpus shards (TFRecords) are read and written
+  with; the TF-free core reads a corpus's block store instead."""
+  return extras.require(
+      'tensorflow', 'Reading or writing corpus shards (TFRecords)',
+      'read the corpus through its block store (block_store-*/ beside the '
+      'shards), written by `realm-jax data export` where TensorFlow is')
+
+
+def block_features() -> dict:
+  """The tf.train.Example features of a block."""
+  tf = tensorflow()
+  return {
     'block_id': tf.io.FixedLenFeature([], tf.int64),
     'title': tf.io.FixedLenFeature([], tf.string),
     'body': tf.io.FixedLenFeature([], tf.string),
@@ -72,12 +84,13 @@ BLOCK_FEATURES = {
     'title_length': tf.io.FixedLenFeature([], tf.int64),
     'sentence_starts': tf.io.RaggedFeature(tf.int64),
     'sentence_ends': tf.io.RaggedFeature(tf.int64),
-}
+  }
 
 
 def parse_block(serialized):
   """tf.data map function: a serialized block -> dict of tensors."""
-  return tf.io.parse_single_example(serialized, BLOCK_FEATURES)
+  tf = tensorflow()
+  return tf.io.parse_single_example(serialized, block_features())
 
 
 def skipped_page_reason(title: str, text: str) -> str | None:
@@ -143,7 +156,7 @@ class SentenceSplitter:
 def _lengths(tokenizer: WordPieceTokenizer, texts: list[str]) -> list[list[int]]:
   if not texts:
     return []
-  return tokenizer.tokenize(tf.constant(texts)).to_list()
+  return tokenizer.tokenize(tensorflow().constant(texts)).to_list()
 
 
 def pack_sentences(lengths: list[int], budget: int) -> list[list[int]]:
@@ -297,7 +310,8 @@ class CorpusWriter:
           self._writer.close()
         name = f'blocks-{len(self.shards):05d}.tfrecord'
         self.shards.append({'path': name, 'num_blocks': 0})
-        self._writer = tf.io.TFRecordWriter(os.path.join(self.tmp_dir, name))
+        self._writer = tensorflow().io.TFRecordWriter(
+            os.path.join(self.tmp_dir, name))
       self._writer.write(block.to_example())
       self.shards[-1]['num_blocks'] += 1
       self.lengths.append(len(block.token_ids))
@@ -414,7 +428,7 @@ def shard_paths(corpus_dir: str) -> list[str]:
           for s in load_metadata(corpus_dir)['shards']]
 
 
-def read_blocks(corpus_dir: str, start: int = 0) -> tf.data.Dataset:
+def read_blocks(corpus_dir: str, start: int = 0):
   """Every block in id order, from block `start` on: only the shards that
   hold those are opened (blocks added to a large corpus, say)."""
   paths, first = [], 0
@@ -423,4 +437,5 @@ def read_blocks(corpus_dir: str, start: int = 0) -> tf.data.Dataset:
       first += shard['num_blocks']
       continue
     paths.append(os.path.join(corpus_dir, shard['path']))
-  return tf.data.TFRecordDataset(paths).skip(start - first).map(parse_block)
+  return tensorflow().data.TFRecordDataset(paths).skip(start - first).map(
+      parse_block)

@@ -21,7 +21,6 @@ import hashlib
 import json
 
 import numpy as np
-import tensorflow as tf
 from etils import epath
 
 from realm_jax import errors
@@ -109,7 +108,7 @@ def add_articles(corpus_dir: str, tokenizer: WordPieceTokenizer,
       blocks_digest.update(np.asarray(block.token_ids, np.int32).tobytes())
       blocks_digest.update(b'|')
 
-  with tf.io.TFRecordWriter(str(staged)) as writer:
+  with corpus.tensorflow().io.TFRecordWriter(str(staged)) as writer:
     batch = []
     for item in articles:
       batch.append(item)

@@ -15,11 +15,9 @@ block id is the trivial candidate to exclude from retrieval.
 
 import tensorflow as tf
 
+from realm_jax.data.task_names import EVERY_SPAN, MASKINGS
 from realm_jax.data.tokenization import WordPieceTokenizer
 
-MASKINGS = ('salient', 'random_uniform', 'random_span')
-# The held-out queries: every salient span once (`every_salient_span`).
-EVERY_SPAN = 'every_salient_span'
 MASK_RATE = 0.15
 SPAN_GEOMETRIC_P = 0.2
 MAX_RANDOM_SPAN = 10

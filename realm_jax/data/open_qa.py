@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from typing import Iterator, NamedTuple
 
 import gin
@@ -311,3 +312,15 @@ def load_file(path, regex: bool = False, split: str = 'test',
         f'split ({QA_FILE_VALIDATION_PER_MILLE / 10:g}% are held out for '
         'validation, by a hash of the question).')
   return chosen
+
+
+def qa_file_task_name(path: str, regex: bool = False) -> str:
+  """qa_file_<stem>[_regex]_<8 hex digits of the content's SHA-256>: the
+  same file names the same task in every process, and an edited one
+  another (a resumed fine-tuning run then refuses the changed data)."""
+  path = epath.Path(path)
+  if not path.exists():
+    raise errors.NotFound(f'No Open-QA file {path}.')
+  stem = re.sub(r'[^0-9a-z_]', '_', path.stem.lower())
+  digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+  return f'qa_file_{stem}{"_regex" if regex else ""}_{digest}'

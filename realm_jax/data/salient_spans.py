@@ -176,7 +176,7 @@ def _annotated_example(block: dict, spans) -> bytes:
 
 
 ANNOTATED_FEATURES = {
-    **corpus.BLOCK_FEATURES,
+    **corpus.block_features(),
     'span_starts': tf.io.RaggedFeature(tf.int64),
     'span_ends': tf.io.RaggedFeature(tf.int64),
     'span_sentences': tf.io.RaggedFeature(tf.int64),

@@ -15,10 +15,9 @@ import os
 
 import jax
 import numpy as np
-import tensorflow as tf
 from etils import epath
 
-from realm_jax.data import corpus, masking, salient_spans
+from realm_jax.data import corpus, task_names
 from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import RestoredRun
 from realm_jax.progress import Progress
@@ -28,12 +27,15 @@ TERMS = ('masked_tokens', 'correct_tokens', 'log_likelihood',
          'null_correct_tokens', 'null_log_likelihood')
 
 
-def held_out_task(corpus_name: str) -> str:
-  return f'realm_pretrain_{corpus_name}_{masking.EVERY_SPAN}'
-
-
-def held_out_queries(corpus_name: str) -> int:
-  """How many queries `held_out_task` gives: the held-out salient spans."""
+def held_out_queries(corpus_name: str, shapes: dict) -> int:
+  """How many queries the held-out task gives: the held-out salient spans
+  (counted in the annotated corpus, or read from the exported arrays)."""
+  count = input_pipeline.example_count(task_names.held_out(corpus_name),
+                                       'validation', shapes)
+  if count is not None:
+    return count
+  from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
+  tf = corpus.tensorflow()
   path = os.path.join(corpus.corpus_dir(corpus_name),
                       salient_spans.ANNOTATED_DIR, 'validation.tfrecord')
   return sum(int(tf.size(block['span_starts'])) for block in
@@ -83,11 +85,12 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   preparer.retrieval.index_at(restored.step, restored.params['retriever'])
   per_example = jax.jit(run.objective.per_example)
   rows = []
-  total = held_out_queries(run.corpus_name)
+  total = held_out_queries(run.corpus_name, run.shapes)
   progress = Progress(f'masked LM {name}', min(total, max_queries or total),
                       unit='queries', every_s=15)
   for examples in input_pipeline.batches(
-      held_out_task(run.corpus_name), 'validation', run.shapes, batch_size,
+      task_names.held_out(run.corpus_name), 'validation', run.shapes,
+      batch_size,
       shuffle=False, num_epochs=1, drop_remainder=False):
     count = len(examples['block_id'])
     # One shape for every batch: zero rows (no masked token) pad the last.

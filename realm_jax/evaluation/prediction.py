@@ -41,7 +41,7 @@ def cloze_query(tokenizer, text: str, max_length: int):
     raise errors.BadInput(f'No {MASK} in {text!r}.', 'Write [MASK] where '
                           'a token is to be filled, e.g. "The [MASK] is the '
                           'currency of the United Kingdom."')
-  tokens = tokenizer.tokenize(pieces).to_list()
+  tokens = tokenizer.encode(pieces)
   ids = [tokenizer.cls_id]
   positions = []
   for i, piece in enumerate(tokens):
@@ -136,7 +136,7 @@ class RestoredRun:
     with self.stopwatch('parameters'):
       self.step, self.params = run_directory.restore_params(
           self.model_dir, step, towers)
-    self.tokenizer = batches.task_tokenizer(self.run.task)
+    self.tokenizer = batches.task_tokenizer()
     self.retrieval = None
     self._texts = None
 
@@ -208,7 +208,7 @@ class ClozePredictor(RestoredRun):
           'p_z': float(np.exp(log_p_z[z])),
           'p_y_given_z': [float(np.exp(log_p_vocab[z, j, best[j]]))
                           for j in range(masks)]})
-    text_of = lambda ids: self.tokenizer.detokenize(ids).numpy().decode()
+    text_of = self.tokenizer.decode
     return {
         'filled': text_of(filled[1:-1]),
         'masks': [[(text_of([int(t)]), float(np.exp(log_marginal[j, t])))

@@ -2,9 +2,11 @@
 
 `seqio.Evaluator` reads a QA task's test split (a benchmark's, or every
 question of a file registered by `tasks.open_qa.register_qa_file`), hands
-its questions to a `QAPredictor` (through `QAFeatureConverter`, as t5x's
-eval.py hands batches to a model) and applies the task's own metric: exact
-match, or regex match for CuratedTREC and files of answer patterns. Beside
+its questions to a `QAPredictor` (through `qa_features.QAFeatureConverter`,
+as t5x's eval.py hands batches to a model) and applies the task's own
+metric: exact match, or regex match for CuratedTREC and files of answer
+patterns. Without TensorFlow the questions come from the task's exported
+arrays and the same metric function scores them. Beside
 it this module measures retrieval as DPR and every later paper print it:
 top-k accuracy at k = 1, 5, 20 and 100 (REALM's recall@5 is top-5), the
 fraction of questions with an answer in one of their top k blocks by DPR's
@@ -17,46 +19,84 @@ also be written as the files DPR's and Pyserini's scorers read.
 import json
 
 import numpy as np
-import seqio
-import tensorflow as tf
 from etils import epath
 
+from realm_jax import extras
 from realm_jax.data import answer_matching
 from realm_jax.evaluation import bootstrap, metrics
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
+from realm_jax.training import input_pipeline
 from realm_jax.training.batches import token_arrays
-
-Spec = seqio.FeatureConverter.FeatureSpec
 
 # The k of top-k accuracy, DPR's and Pyserini's (k past what a run
 # retrieves left out).
 TOP_K = (1, 5, 20, 100)
 
 
-class QAFeatureConverter(seqio.FeatureConverter):
-  """QA task features -> model features: the question's `[CLS] x [SEP]`
-  wordpieces, padded to the model's query length. Answers stay with the
-  task; seqio's metrics read them from there."""
-  TASK_FEATURES = {'query_token_ids': Spec(dtype=tf.int32),
-                   'answer_token_ids': Spec(dtype=tf.int32, rank=2),
-                   'targets': Spec(dtype=tf.int32)}
-  MODEL_FEATURES = {'query_token_ids': Spec(dtype=tf.int32)}
-  PACKING_FEATURE_DTYPES = {}
+def _predict(predictor: QAPredictor, task: str, batches, total: int,
+             batch_size: int, results: dict) -> list[tuple[int, str]]:
+  """(index, predicted answer) of each question of `batches` ((indices,
+  query_token_ids) pairs), its whole result kept in `results`."""
+  progress = Progress(f'eval {task}', total, unit='questions', every_s=15)
+  outputs = []
+  for indices, ids in batches:
+    # One shape for every batch: the last one would compile anew.
+    padded = np.pad(ids, ((0, batch_size - len(ids)), (0, 0)))
+    batch = predictor.predict(token_arrays(padded))[:len(ids)]
+    for index, result in zip(indices, batch):
+      results[int(index)] = result
+      answers = result.get('answers') or []
+      outputs.append((int(index), answers[0].text if answers else ''))
+    progress.update(len(indices))
+  return outputs
 
-  def __init__(self, pack: bool = False, **kwargs):
-    if pack:
-      raise ValueError('QA questions are never packed.')
-    super().__init__(pack=False, **kwargs)
 
-  def _convert_features(self, ds, task_feature_lengths):
-    ds = ds.map(lambda f: {'query_token_ids': f['query_token_ids']},
-                num_parallel_calls=tf.data.AUTOTUNE)
-    return seqio.utils.trim_and_pad_dataset(
-        ds, self.get_model_feature_lengths(task_feature_lengths))
+def _seqio_evaluation(predictor, task, batch_size, num_examples, results):
+  """(examples, regex, task metrics) through seqio.Evaluator."""
+  seqio = extras.require('seqio', 'Open-QA evaluation of a seqio task')
+  import tasks  # pylint: disable=g-import-not-at-top,unused-import
+  from realm_jax.evaluation import qa_features  # pylint: disable=g-import-not-at-top
+  # The task's metric says how its answers match: as strings or patterns.
+  regex = (metrics.regex_match in
+           seqio.get_mixture_or_task(task).predict_metric_fns)
+  evaluator = seqio.Evaluator(
+      task, qa_features.QAFeatureConverter(), eval_split='test',
+      sequence_length={'query_token_ids': predictor.query_length},
+      num_examples=num_examples, async_compute_metrics=False)
+  if not evaluator.eval_tasks:
+    raise ValueError(f'seqio task {task!r} has no test split with metrics.')
+  examples = list(evaluator.cached_task_datasets[task].as_numpy_iterator())
+  predict_fn = lambda dataset: _predict(
+      predictor, task, ((i, f['query_token_ids']) for i, f in
+                        dataset.batch(batch_size).as_numpy_iterator()),
+      len(examples), batch_size, results)
+  if not predictor.reads:  # A retriever alone: recall only, no reader.
+    predict_fn(evaluator.cached_model_datasets[task])
+    return examples, regex, {}
+  seqio_metrics, _ = evaluator.evaluate(compute_metrics=True,
+                                        predict_fn=predict_fn)
+  return examples, regex, seqio_metrics.result()[task]
 
-  def get_model_feature_lengths(self, task_feature_lengths):
-    return {'query_token_ids': task_feature_lengths['query_token_ids']}
+
+def _array_evaluation(predictor, task, batch_size, num_examples, results):
+  """(examples, regex, task metrics) from the task's exported test split,
+  scored by the metric function the seqio task declares."""
+  shapes = {'query_token_ids': (predictor.query_length,)}
+  arrays = input_pipeline.Examples().open_arrays(task, 'test', shapes)
+  count = min(arrays.count, num_examples or arrays.count)
+  examples = arrays.strings()[:count]
+  ids = arrays.arrays['query_token_ids']
+  outputs = _predict(predictor, task, (
+      (np.arange(start, min(start + batch_size, count)),
+       np.asarray(ids[start:start + batch_size][:count - start]))
+      for start in range(0, count, batch_size)), count, batch_size, results)
+  regex = bool(arrays.metadata.get('regex'))
+  if not predictor.reads:
+    return examples, regex, {}
+  score = metrics.regex_match if regex else metrics.exact_match
+  return examples, regex, score([e['answers'] for e in examples],
+                                [text for _, text in sorted(outputs)])
 
 
 def evaluate(predictor: QAPredictor, task: str, output_dir: str,
@@ -70,50 +110,23 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   top-k accuracy for each k of `TOP_K` the predictor retrieves, and both
   again on the questions whose answer is in the corpus. With
   `retrieval_output`, also writes the retrievals there in
-  `retrieval_format` ('dpr' or 'pyserini', see `retrieval_file`).
+  `retrieval_format` ('dpr' or 'pyserini', see `retrieval_file`). The
+  questions come from the seqio task through seqio.Evaluator, or from its
+  exported arrays (`input_pipeline.Examples`), scored by the same metric.
   """
-  # The task's metric says how its answers match: as strings or patterns.
-  regex = (metrics.regex_match in
-           seqio.get_mixture_or_task(task).predict_metric_fns)
-  evaluator = seqio.Evaluator(
-      task, QAFeatureConverter(), eval_split='test',
-      sequence_length={'query_token_ids': predictor.query_length},
-      num_examples=num_examples, async_compute_metrics=False)
-  if not evaluator.eval_tasks:
-    raise ValueError(f'seqio task {task!r} has no test split with metrics.')
-  examples = list(evaluator.cached_task_datasets[task].as_numpy_iterator())
   results: dict[int, dict] = {}
-
-  def predict_fn(dataset):
-    progress = Progress(f'eval {task}', len(examples), unit='questions',
-                        every_s=15)
-    outputs = []
-    for indices, features in dataset.batch(batch_size).as_numpy_iterator():
-      ids = features['query_token_ids']
-      # One shape for every batch: the last one would compile anew.
-      padded = np.pad(ids, ((0, batch_size - len(ids)), (0, 0)))
-      batch = predictor.predict(token_arrays(padded))[:len(ids)]
-      for index, result in zip(indices, batch):
-        results[int(index)] = result
-        answers = result.get('answers') or []
-        outputs.append((int(index), answers[0].text if answers else ''))
-      progress.update(len(indices))
-    return outputs
-
-  if predictor.reads:
-    seqio_metrics, _ = evaluator.evaluate(compute_metrics=True,
-                                          predict_fn=predict_fn)
-    task_metrics = seqio_metrics.result()[task]
-  else:  # A retriever alone: recall only, no reader to score.
-    predict_fn(evaluator.cached_model_datasets[task])
-    task_metrics = {}
+  evaluation = (_array_evaluation
+                if input_pipeline.Examples().source == 'arrays'
+                else _seqio_evaluation)
+  examples, regex, task_metrics = evaluation(predictor, task, batch_size,
+                                             num_examples, results)
 
   texts = predictor.texts
   ks = [k for k in TOP_K if k <= predictor.top_k]
   corpus_answers = answer_matching.CorpusAnswers(texts.bodies)
   rows = []
   for index, example in enumerate(examples):
-    references = [a.decode('utf-8') for a in example['answers']]
+    references = [_text(a) for a in example['answers']]
     result = results[index]
     retrieved = [(i, s) for i, s in zip(result['block_ids'],
                                         result['retrieval_scores']) if i >= 0]
@@ -122,7 +135,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     answers = result.get('answers') or []
     prediction = answers[0].text if answers else ''
     row = {
-        'question': example['question'].decode('utf-8'),
+        'question': _text(example['question']),
         'references': references,
         'answer_rank': rank,
         'answer_in_top': {str(k): rank is not None and rank <= k
@@ -160,7 +173,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     name = 'regex_match' if regex else 'exact_match'
     own = percent([r['correct'] for r in rows])
     if abs(own - summary[name]) > 1e-6:
-      raise AssertionError(f'{name}: seqio says {summary[name]}, the '
+      raise AssertionError(f'{name}: the task metric says {summary[name]}, the '
                            f'predictions file says {own}.')
     summary[f'{name}_answer_in_corpus'] = percent(
         [r['correct'] for r in subset])
@@ -200,6 +213,11 @@ def retrieval_file(rows: list[dict], texts, kind: str = 'dpr'):
                                   for c in r['retrieved']]}
             for n, r in enumerate(rows)}
   raise ValueError(f"retrieval_format {kind!r}: 'dpr' or 'pyserini'.")
+
+
+def _text(value) -> str:
+  """A string feature: bytes from seqio, str from exported arrays."""
+  return value.decode('utf-8') if isinstance(value, bytes) else value
 
 
 def read_predictions(output_dir: str, task: str) -> list[dict]:

@@ -38,7 +38,7 @@ from flax.linen import partitioning as flax_partitioning
 
 from realm_jax import errors
 from realm_jax.evaluation.prediction import QAPredictor, read_answers
-from realm_jax.evaluation.qa_evaluation import QAFeatureConverter, Spec
+from realm_jax.evaluation.qa_features import QAFeatureConverter, Spec
 from realm_jax.models import losses
 from realm_jax.models.reader import (BEST_SPAN, MARGINAL, gold_span_mask,
                                      span_mask)

@@ -14,7 +14,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from realm_jax.data import corpus
+from realm_jax.data import block_store, corpus
 from realm_jax.models.retriever import Retriever
 from realm_jax.progress import Progress
 
@@ -23,21 +23,10 @@ _LENGTH_BUCKET = 32
 
 def block_arrays(corpus_dir: str, start: int = 0, stop: int | None = None,
                  max_length: int | None = None) -> dict[str, np.ndarray]:
-  """token_ids/token_type_ids/input_mask [n, L] of blocks [start, stop)."""
-  meta = corpus.load_metadata(corpus_dir)
-  stop = meta['num_blocks'] if stop is None else stop
-  length = max_length or meta['max_block_length']
-  arrays = {k: np.zeros((stop - start, length), np.int32)
-            for k in ('token_ids', 'token_type_ids', 'input_mask')}
-  blocks = corpus.read_blocks(corpus_dir, start).take(stop - start)
-  for row, block in enumerate(blocks.as_numpy_iterator()):
-    ids = block['token_ids']
-    if len(ids) > length:  # Cut, but still closed by its [SEP].
-      ids = np.concatenate([ids[:length - 1], ids[-1:]])
-    arrays['token_ids'][row, :len(ids)] = ids
-    arrays['input_mask'][row, :len(ids)] = 1
-    arrays['token_type_ids'][row, block['title_length'] + 2:len(ids)] = 1
-  return arrays
+  """token_ids/token_type_ids/input_mask [n, L] of blocks [start, stop),
+  from the corpus's block store."""
+  length = max_length or corpus.load_metadata(corpus_dir)['max_block_length']
+  return block_store.open_store(corpus_dir).padded(length, start, stop)
 
 
 def _per_process(num_blocks: int) -> int:

@@ -10,11 +10,13 @@ the step before. A preparer also owns the run's side of the hand-over with
 the index builder: the first index, and the TRAINING_DONE marker.
 """
 
-import numpy as np
-import seqio
+import functools
 
-from realm_jax import errors, run_directory
+import numpy as np
+
+from realm_jax import embedded, errors, run_directory
 from realm_jax.data import corpus
+from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.realm import model_retriever
 from realm_jax.training.objectives import MarginalMaskedLm, SpanQa
@@ -30,10 +32,14 @@ def token_arrays(token_ids, token_type_ids=None) -> dict:
                              else np.asarray(token_type_ids, np.int32))}
 
 
-def task_tokenizer(task: str):
-  """The WordPiece tokenizer of a seqio task's queries."""
-  return seqio.get_mixture_or_task(task).output_features[
-      'query_token_ids'].vocabulary.tokenizer
+def task_tokenizer() -> WordPieceTokenizer:
+  """The WordPiece tokenizer of every task's queries and blocks."""
+  return _tokenizer(embedded.task_vocab())
+
+
+@functools.cache
+def _tokenizer(vocab_path: str) -> WordPieceTokenizer:
+  return WordPieceTokenizer(vocab_path)
 
 
 def corpus_retrieval(model_dir: str, mesh, retriever, tokenizer,
@@ -96,7 +102,7 @@ class _RetrievingBatches(BatchPreparer):
                corpus_name: str, null_document_first: bool,
                exclude_source: bool, refreshed: bool):
     self.model_dir, self.task, self.refreshed = model_dir, task, refreshed
-    self.tokenizer = task_tokenizer(task)
+    self.tokenizer = task_tokenizer()
     self.retrieval = corpus_retrieval(
         model_dir, mesh, model_retriever(objective.model), self.tokenizer,
         corpus_name, objective.num_candidates, null_document_first,

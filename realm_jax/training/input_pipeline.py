@@ -1,33 +1,66 @@
-"""Fixed-shape numpy batches from a seqio task, in a deterministic order.
+"""Fixed-shape numpy batches of a task, in a deterministic order, from one of
+two sources (`Examples.source`):
 
-The data is split into `data_shards` disjoint shards (seqio.ShardInfo), each
-contributing an equal slice of every global batch; each process reads only
-its own shards and yields its rows of the global batch. So the global batch
-depends on the seed and the number of shards, not on how many processes read
-them: a run resumed on another number of hosts (or a 2-process test against a
-1-process one) sees the same examples in the same order, and a resumed run
-skips the batches it already consumed.
+- 'seqio' (the TensorFlow extra): the registered seqio task, tokenized and
+  masked as it is read. The data is split into `data_shards` disjoint shards
+  (seqio.ShardInfo), each contributing an equal slice of every global batch;
+  each process reads only its own shards and yields its rows of the global
+  batch. So the global batch depends on the seed and the number of shards,
+  not on how many processes read them.
+- 'arrays' (the TF-free core): the same examples, pre-tokenized by `export`
+  into memory-mapped arrays (`data.example_arrays`), permuted by the seed
+  epoch by epoch; the global batch depends on the seed alone.
+
+Either way a run resumed after b batches reads from batch b on, so resumes
+are exact.
 """
 
 from typing import Iterator
 
+import gin
 import jax
 import numpy as np
-import seqio
-import tensorflow as tf
 
-import tasks  # pylint: disable=unused-import  (registers the seqio tasks)
+from realm_jax import embedded, errors, extras
+from realm_jax.data import corpus, example_arrays
+
+SOURCES = ('seqio', 'arrays')
 
 
-def _fixed(x, shape):
-  """Pads with zeros and cuts a dense or ragged feature to `shape`."""
-  if isinstance(x, tf.RaggedTensor):
-    return x.to_tensor(shape=shape)
-  if not shape:
-    return x
-  x = x[:shape[0]]
-  x = tf.pad(x, [[0, shape[0] - tf.shape(x)[0]]] + [[0, 0]] * (x.shape.rank - 1))
-  return tf.ensure_shape(x, shape)
+@gin.configurable
+class Examples:
+  """Where a run's examples come from.
+
+  Attributes:
+    source: 'seqio' (the seqio tasks; needs the TensorFlow extra) or
+      'arrays' (pre-tokenized arrays, `realm-jax data export`).
+    arrays_dir: the arrays' root (default $REALM_ARRAYS_DIR, else
+      runs/arrays), holding <task>/<split>/.
+  """
+
+  def __init__(self, source: str = 'seqio', arrays_dir: str | None = None):
+    if source not in SOURCES:
+      raise errors.BadConfig(f'Examples.source={source!r}; expected one of '
+                             f'{SOURCES}.')
+    self.source, self.arrays_dir = source, arrays_dir
+
+  def position(self) -> dict:
+    """What a checkpoint's data position adds: another source reads the
+    examples in another order."""
+    return {} if self.source == 'seqio' else {'source': self.source}
+
+  def open_arrays(self, task: str, split: str, shapes: dict
+                  ) -> example_arrays.ExampleArrays:
+    """A split's arrays, checked against the run's shapes, the vocabulary
+    and (for a corpus's task) the corpus as it is now."""
+    arrays = example_arrays.ExampleArrays(
+        example_arrays.directory(task, split, self.arrays_dir))
+    expected = {'vocab_fingerprint': corpus.vocab_hash(embedded.task_vocab())}
+    if arrays.metadata.get('corpus_name'):
+      expected['corpus_fingerprint'] = corpus.load_metadata(corpus.corpus_dir(
+          arrays.metadata['corpus_name']))['corpus_fingerprint']
+    arrays.check(shapes, **expected)
+    return arrays
 
 
 def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
@@ -38,19 +71,53 @@ def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
   """This process's rows of each global batch of `batch_size` examples.
 
   Args:
-    task: a registered seqio task or mixture.
+    task: a task's name: a registered seqio task, or its exported arrays.
     split: e.g. 'train' or 'validation'.
     shapes: feature -> fixed per-example shape; other features are dropped.
-    batch_size: the global batch; divided over the shards.
-    seed: shuffle and preprocessing seed (masking, ICT's sentence choice).
+    batch_size: the global batch; divided over the shards (processes).
+    seed: shuffle and preprocessing seed (masking, ICT's sentence choice;
+      arrays hold the preprocessing of the seed they were exported with).
     shuffle: False for evaluation.
     num_epochs: None repeats forever.
     skip_batches: global batches already consumed (resume).
-    data_shards: disjoint shards of the data (default: one per process);
-      a multiple of the process count that divides `batch_size`.
+    data_shards: (seqio) disjoint shards of the data (default: one per
+      process); a multiple of the process count that divides `batch_size`.
     drop_remainder: False keeps a short last batch (one data shard only:
       scoring every held-out example).
   """
+  examples = Examples()
+  if examples.source == 'arrays':
+    return example_arrays.batches(
+        examples.open_arrays(task, split, shapes), shapes, batch_size, seed,
+        shuffle, num_epochs, skip_batches, jax.process_index(),
+        jax.process_count(), drop_remainder)
+  return _seqio_batches(task, split, shapes, batch_size, seed, shuffle,
+                        num_epochs, skip_batches, data_shards, drop_remainder)
+
+
+def example_count(task: str, split: str, shapes: dict) -> int | None:
+  """How many examples a split has, where that is known without reading it
+  (exported arrays); None for a seqio task."""
+  examples = Examples()
+  if examples.source == 'arrays':
+    return examples.open_arrays(task, split, shapes).count
+  return None
+
+
+def _seqio():
+  """seqio, with realm-jax's tasks registered."""
+  seqio = extras.require(
+      'seqio', 'Reading a seqio task',
+      "read pre-tokenized arrays: Examples.source = 'arrays' (written by "
+      '`realm-jax data export` where TensorFlow is)')
+  import tasks  # pylint: disable=g-import-not-at-top,unused-import
+  return seqio
+
+
+def _seqio_batches(task, split, shapes, batch_size, seed, shuffle,
+                   num_epochs, skip_batches, data_shards, drop_remainder):
+  seqio = _seqio()
+  tf = corpus.tensorflow()
   processes = jax.process_count()
   data_shards = data_shards or processes
   if not drop_remainder and data_shards > 1:
@@ -75,9 +142,23 @@ def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
   return dataset.skip(skip_batches).prefetch(2).as_numpy_iterator()
 
 
-def _shard_batches(task, split, shapes, rows, seed, shuffle, num_epochs,
-                   shard_info, drop_remainder=True) -> tf.data.Dataset:
-  """Batches of `rows` examples from one shard of the task."""
+def _fixed(x, shape):
+  """Pads with zeros and cuts a dense or ragged feature to `shape`."""
+  tf = corpus.tensorflow()
+  if isinstance(x, tf.RaggedTensor):
+    return x.to_tensor(shape=shape)
+  if not shape:
+    return x
+  x = x[:shape[0]]
+  x = tf.pad(x, [[0, shape[0] - tf.shape(x)[0]]] + [[0, 0]] * (x.shape.rank - 1))
+  return tf.ensure_shape(x, shape)
+
+
+def _task_dataset(task, split, shapes, seed, shuffle, num_epochs,
+                  shard_info=None, keep=()):
+  """A seqio task's examples, each feature of `shapes` fixed to its shape,
+  and the features `keep` as they are."""
+  seqio, tf = _seqio(), corpus.tensorflow()
   dataset = seqio.get_mixture_or_task(task).get_dataset(
       # The lengths preprocessors build to (e.g. masked-LM queries).
       sequence_length={name: shape[0] for name, shape in shapes.items()
@@ -85,12 +166,42 @@ def _shard_batches(task, split, shapes, rows, seed, shuffle, num_epochs,
       split=split, shuffle=shuffle, seed=seed,
       num_epochs=num_epochs, use_cached=False, trim_output_features=False,
       shard_info=shard_info)
-  missing = set(shapes) - set(dataset.element_spec)
+  missing = (set(shapes) | set(keep)) - set(dataset.element_spec)
   if missing:
     raise KeyError(f'Task {task!r} has no features {sorted(missing)}; it has '
                    f'{sorted(dataset.element_spec)}.')
-  dataset = dataset.map(
-      lambda x: {name: _fixed(x[name], list(shape))
-                 for name, shape in shapes.items()},
+  return dataset.map(
+      lambda x: {**{name: x[name] for name in keep},
+                 **{name: _fixed(x[name], list(shape))
+                    for name, shape in shapes.items()}},
       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _shard_batches(task, split, shapes, rows, seed, shuffle, num_epochs,
+                   shard_info, drop_remainder=True):
+  """Batches of `rows` examples from one shard of the task."""
+  dataset = _task_dataset(task, split, shapes, seed, shuffle, num_epochs,
+                          shard_info)
   return dataset.batch(rows, drop_remainder=drop_remainder)
+
+
+def export(task: str, split: str, shapes: dict[str, tuple[int, ...]],
+           seed: int = 0, root: str | None = None,
+           corpus_name: str | None = None, strings: tuple[str, ...] = (),
+           metadata: dict | None = None) -> dict:
+  """Writes a seqio task's split (one epoch, unshuffled, preprocessed with
+  `seed`) as the arrays the 'arrays' source reads; `corpus_name`: the corpus
+  the examples come from (its fingerprint is recorded and checked);
+  `strings`: text features kept beside them (an Open-QA question and its
+  answers); `metadata`: more to record (how the answers match). Returns
+  the arrays' metadata."""
+  dataset = _task_dataset(task, split, shapes, seed, False, 1, keep=strings)
+  metadata = {**(metadata or {}), 'task': task, 'split': split, 'seed': seed,
+              'vocab_fingerprint': corpus.vocab_hash(embedded.task_vocab())}
+  if corpus_name:
+    metadata['corpus_name'] = corpus_name
+    metadata['corpus_fingerprint'] = corpus.load_metadata(
+        corpus.corpus_dir(corpus_name))['corpus_fingerprint']
+  return example_arrays.write(
+      example_arrays.directory(task, split, root), dataset.as_numpy_iterator(),
+      shapes, strings, **metadata)

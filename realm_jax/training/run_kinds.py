@@ -9,15 +9,30 @@ checkpoint's `retriever_params` item is what the index builder and the next
 run's warm start read.
 """
 
+from typing import NamedTuple
+
 import gin
 
 from realm_jax import errors
+from realm_jax.data import open_qa, task_names
 from realm_jax.models import losses
 from realm_jax.models.reader import check_answer_rule
 from realm_jax.models.realm import build_realm, model_retriever
-from realm_jax.training import batches, objectives, warm_start
+from realm_jax.training import batches, input_pipeline, objectives, warm_start
 from realm_jax.training.warm_start import WarmStart
-from tasks import open_qa as open_qa_tasks
+
+
+class ExampleSplit(NamedTuple):
+  """One split a run (or its evaluation) reads, as `input_pipeline.export`
+  writes it: `corpus_name` for examples made from a corpus, `strings` for
+  the text features kept beside the wordpieces, `metadata` for what the
+  task's metric needs to know."""
+  task: str
+  split: str
+  shapes: dict
+  corpus_name: str | None = None
+  strings: tuple[str, ...] = ()
+  metadata: dict = {}
 
 
 class RunKind:
@@ -42,6 +57,11 @@ class RunKind:
     """Fresh parameters -> where this run starts."""
     return WarmStart(params)
 
+  def example_splits(self) -> list[ExampleSplit]:
+    """Every split the run and its evaluation read."""
+    return [ExampleSplit(self.task, split, self.shapes, self.corpus_name)
+            for split in ('train', self.eval_split)]
+
   def retriever(self):
     """The towers' module; its parameters are the run's 'retriever'."""
     return model_retriever(self.objective.model)
@@ -65,7 +85,7 @@ class Ict(RunKind):
   def __init__(self, corpus_name: str = 'wiki_leads', query_length: int = 64,
                block_length: int = 288, bert_dir: str | None = None):
     super().__init__(
-        f'ict_{corpus_name}', 'validation',
+        task_names.ict(corpus_name), 'validation',
         {'query_token_ids': (query_length,),
          'block_token_ids': (block_length,),
          'block_token_type_ids': (block_length,)},
@@ -137,7 +157,7 @@ class Pretrain(RunKind):
                              'scores the null document: it needs '
                              'Pretrain.null_document = True.')
     super().__init__(
-        f'realm_pretrain_{corpus_name}_{masking}', 'validation',
+        task_names.pretrain(corpus_name, masking), 'validation',
         {'query_token_ids': (query_length,), 'mlm_positions': (max_masked,),
          'mlm_targets': (max_masked,), 'block_id': ()},
         corpus_name, block_length,
@@ -160,6 +180,12 @@ class Pretrain(RunKind):
       started = started._replace(params=warm_start.reader(
           started.params, self.reader_model_dir))
     return started
+
+  def example_splits(self):
+    # And the held-out queries `realm-jax eval --task=masked_lm` scores.
+    return super().example_splits() + [ExampleSplit(
+        task_names.held_out(self.corpus_name), 'validation', self.shapes,
+        self.corpus_name)]
 
   def batch_preparer(self, model_dir, mesh):
     return batches.MaskedLmBatches(
@@ -236,8 +262,9 @@ class Finetune(RunKind):
       raise errors.BadConfig('Finetune.qa_regex says how the answers of '
                              'Finetune.qa_file match: bind a qa_file too.')
     task, eval_split = benchmark, 'test'
+    self.regex = qa_regex if qa_file else benchmark in open_qa.REGEX_ANSWERS
     if qa_file:
-      task = open_qa_tasks.register_qa_file(qa_file, qa_regex)
+      task = qa_file_task(qa_file, qa_regex)
       eval_split = 'validation'
     super().__init__(
         task, eval_split,
@@ -263,6 +290,25 @@ class Finetune(RunKind):
       return warm_start.ict_retriever(params, self.ict_model_dir)
     return WarmStart(params)
 
+  def example_splits(self):
+    # Questions, not corpus blocks; the test split (every question of a
+    # file) with its texts, which `realm-jax eval` scores.
+    splits = {split: ExampleSplit(self.task, split, self.shapes)
+              for split in ('train', self.eval_split)}
+    splits['test'] = ExampleSplit(self.task, 'test', self.shapes,
+                                  strings=('question', 'answers'),
+                                  metadata={'regex': self.regex})
+    return list(splits.values())
+
   def batch_preparer(self, model_dir, mesh):
     return batches.OpenQaBatches(model_dir, mesh, self.objective, self.task,
                                  self.corpus_name)
+
+
+def qa_file_task(path: str, regex: bool) -> str:
+  """The task of an Open-QA file: registered with seqio where examples come
+  from seqio; else its name alone, under which its arrays were exported."""
+  if input_pipeline.Examples().source == 'seqio':
+    from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
+    return open_qa_tasks.register_qa_file(path, regex)
+  return open_qa.qa_file_task_name(path, regex)

@@ -56,6 +56,7 @@ class ConfiguredRun:
   run: RunKind
   batch_size: int
   num_steps: int
+  seed: int
 
   @property
   def kind(self) -> str:
@@ -71,7 +72,8 @@ def configured_run() -> ConfiguredRun:
   if missing:
     raise errors.BadConfig('The gin config binds no ' + ', '.join(
         f'train.{name}' for name in missing) + '.')
-  return ConfiguredRun(bound['run'], bound['batch_size'], bound['num_steps'])
+  return ConfiguredRun(bound['run'], bound['batch_size'], bound['num_steps'],
+                       bound.get('seed', 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +122,7 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
                    publication.index_manager(directory, read_only=True))
   return LoadedRun(
       run=configured.run, batch_size=configured.batch_size,
-      num_steps=configured.num_steps, model_dir=model_dir,
+      num_steps=configured.num_steps, seed=configured.seed,
+      model_dir=model_dir,
       config=gin.config_str(), step=checkpoints[-1] if checkpoints else None,
       index_step=indexes[-1] if indexes else None)

@@ -1,0 +1,226 @@
+"""A task's examples, pre-tokenized, as memory-mapped arrays: the TF-free input.
+
+The seqio tasks tokenize, mask and cut examples with TensorFlow ops. Written
+once (`realm-jax data export`, `training.input_pipeline.export`), the same
+examples are one .npy file per feature, [count, *shape] at the shapes of the
+run that reads them, beside `metadata.json`: the task, split and
+preprocessing seed, the shapes, the vocabulary's and the corpus's
+fingerprints (a reader refuses arrays made from another of either, naming
+both), and a fingerprint of the arrays themselves. String features (an
+Open-QA question and its answers) are one JSON line per example in
+`strings.jsonl`.
+
+Reading is random access, so the order is a pure function of the seed: the
+examples of epoch e are permuted by `default_rng([seed, e])`, the epochs
+follow each other, and global batch b is positions [b B, (b + 1) B) of that
+stream. A run resumed after b batches starts at batch b with nothing read
+twice or skipped; each process takes its own contiguous rows of every
+global batch, so the global batch does not depend on the process count.
+"""
+
+import functools
+import hashlib
+import json
+import os
+from typing import Iterable, Iterator
+
+import numpy as np
+from etils import epath
+
+from realm_jax import errors
+
+ROOT_ENV = 'REALM_ARRAYS_DIR'
+METADATA = 'metadata.json'
+STRINGS = 'strings.jsonl'
+
+
+def default_root() -> str:
+  """$REALM_ARRAYS_DIR, else runs/arrays."""
+  return os.environ.get(ROOT_ENV) or os.path.join('runs', 'arrays')
+
+
+def directory(task: str, split: str, root: str | None = None) -> epath.Path:
+  return epath.Path(root or default_root()) / task / split
+
+
+def fixed(values, shape: tuple[int, ...], dtype=np.int32) -> np.ndarray:
+  """A feature cut and zero-padded to `shape` (every dimension)."""
+  values = np.asarray(values, dtype)
+  out = np.zeros(shape, dtype)
+  if values.ndim != len(shape):
+    raise ValueError(f'A feature of shape {values.shape} cannot be made '
+                     f'{shape}.')
+  kept = tuple(slice(0, min(a, b)) for a, b in zip(values.shape, shape))
+  out[kept] = values[kept]
+  return out
+
+
+def fingerprint(arrays: dict[str, np.ndarray]) -> str:
+  """sha256 over the features' names, shapes and bytes."""
+  digest = hashlib.sha256()
+  for name in sorted(arrays):
+    digest.update(f'{name}{arrays[name].shape}{arrays[name].dtype}'.encode())
+    digest.update(np.ascontiguousarray(arrays[name]).tobytes())
+  return digest.hexdigest()
+
+
+def write(output: epath.Path, examples: Iterable[dict],
+          shapes: dict[str, tuple[int, ...]], strings: tuple[str, ...] = (),
+          **metadata) -> dict:
+  """Writes `examples` (dicts of numpy features) at `shapes`, plus the
+  `strings` features, into `output`: staged, then renamed, so that a killed
+  export leaves none half written. Returns the metadata."""
+  columns = {name: [] for name in shapes}
+  texts = []
+  for example in examples:
+    for name, shape in shapes.items():
+      columns[name].append(fixed(example[name], shape))
+    if strings:
+      texts.append(json.dumps({name: _text(example[name])
+                               for name in strings}))
+  count = len(next(iter(columns.values()))) if columns else 0
+  if not count:
+    raise errors.BadInput(f'No example to write to {output}.')
+  arrays = {name: np.stack(rows) for name, rows in columns.items()}
+  metadata = {**metadata, 'count': count,
+              'shapes': {name: list(shape) for name, shape in shapes.items()},
+              'strings': list(strings), 'fingerprint': fingerprint(arrays)}
+  staged = output.parent / f'{output.name}.incomplete-{os.getpid()}'
+  if staged.exists():
+    staged.rmtree()
+  staged.mkdir(parents=True)
+  for name, values in arrays.items():
+    np.save(os.fspath(staged / f'{name}.npy'), values)
+  if strings:
+    (staged / STRINGS).write_text(''.join(t + '\n' for t in texts))
+  (staged / METADATA).write_text(json.dumps(metadata, indent=2))
+  if output.exists():
+    output.rmtree()
+  staged.rename(output)
+  return metadata
+
+
+def _text(value):
+  """A string feature as JSON: bytes decoded, arrays as lists."""
+  if isinstance(value, bytes):
+    return value.decode('utf-8')
+  if isinstance(value, np.ndarray):
+    return [_text(v) for v in value.tolist()]
+  if isinstance(value, list):
+    return [_text(v) for v in value]
+  return value
+
+
+class ExampleArrays:
+  """One split of a task, memory-mapped."""
+
+  def __init__(self, path):
+    self.path = epath.Path(path)
+    meta = self.path / METADATA
+    if not meta.is_file():
+      raise errors.NotFound(
+          f'No pre-tokenized examples at {self.path} ({METADATA} missing).',
+          'Write them where TensorFlow is, with `realm-jax data export` and '
+          'the same gin files as the run (or bring a bundle).')
+    try:
+      self.metadata = json.loads(meta.read_text())
+    except ValueError as error:
+      raise errors.BadInput(f'{meta}: not JSON ({error}).') from error
+    self.count = self.metadata['count']
+    self.arrays = {}
+    for name in self.metadata['shapes']:
+      file = self.path / f'{name}.npy'
+      try:
+        self.arrays[name] = np.load(os.fspath(file), mmap_mode='r')
+      except (OSError, ValueError) as error:
+        raise errors.BadInput(f'{file}: unreadable ({error}).') from error
+      if len(self.arrays[name]) != self.count:
+        raise errors.BadInput(f'{file}: {len(self.arrays[name])} rows, but '
+                              f'{meta} says {self.count}.')
+
+  def check(self, shapes: dict, **expected) -> None:
+    """Refuses arrays of other shapes, or made from another vocabulary or
+    corpus (`expected`: metadata field -> value), naming both sides."""
+    stored = {name: tuple(shape)
+              for name, shape in self.metadata['shapes'].items()}
+    wanted = {name: tuple(shape) for name, shape in shapes.items()}
+    missing = sorted(set(wanted) - set(stored))
+    if missing:
+      raise errors.BadConfig(f'{self.path} has no features {missing}; it '
+                             f'has {sorted(stored)}.')
+    different = {n: (stored[n], s) for n, s in wanted.items()
+                 if stored[n] != s}
+    if different:
+      raise errors.BadConfig(
+          f'{self.path} holds examples of other shapes than the run reads: '
+          + ', '.join(f'{n} {a} (arrays) vs {b} (run)'
+                      for n, (a, b) in different.items()) + '.',
+          'Export them again with the gin files and bindings of this run.')
+    for field, value in expected.items():
+      if self.metadata.get(field) != value:
+        raise errors.IndexMismatchError(
+            f'{self.path} was made with {field} '
+            f'{self.metadata.get(field)}, but this run reads {value}.',
+            'Export the examples again from this corpus and vocabulary.')
+
+  def rows(self, indices: np.ndarray, shapes: dict) -> dict[str, np.ndarray]:
+    # Sorted reads from the memory map, then the batch's own order.
+    order = np.argsort(indices, kind='stable')
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return {name: np.asarray(self.arrays[name][indices[order]])[inverse]
+            for name in shapes}
+
+  def strings(self) -> list[dict]:
+    """Every example's string features, in example order."""
+    path = self.path / STRINGS
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def order(count: int, seed: int, shuffle: bool, start: int, stop: int
+          ) -> np.ndarray:
+  """Example indices of stream positions [start, stop): epoch after epoch,
+  each permuted by its own seed (or in order, unshuffled)."""
+  positions = np.arange(start, stop, dtype=np.int64)
+  epochs, within = np.divmod(positions, count)
+  if not shuffle:
+    return within
+  out = np.empty_like(within)
+  for epoch in np.unique(epochs):
+    here = epochs == epoch
+    out[here] = _permutation(count, seed, int(epoch))[within[here]]
+  return out
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(count: int, seed: int, epoch: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(count)
+
+
+def batches(examples: ExampleArrays, shapes: dict, batch_size: int,
+            seed: int = 0, shuffle: bool = True,
+            num_epochs: int | None = None, skip_batches: int = 0,
+            process_index: int = 0, process_count: int = 1,
+            drop_remainder: bool = True) -> Iterator[dict[str, np.ndarray]]:
+  """This process's rows of each global batch, from batch `skip_batches` on."""
+  if batch_size % process_count:
+    raise ValueError(f'batch_size={batch_size} must divide over the '
+                     f'{process_count} processes.')
+  if not drop_remainder and process_count > 1:
+    raise ValueError('drop_remainder=False needs a single process: short '
+                     'last batches of several processes do not line up.')
+  end = None if num_epochs is None else num_epochs * examples.count
+  rows = batch_size // process_count
+  batch = skip_batches
+  while True:
+    start = batch * batch_size
+    stop = start + batch_size
+    if end is not None and stop > end:
+      if drop_remainder or start >= end:
+        return
+      stop = end
+    indices = order(examples.count, seed, shuffle, start, stop)
+    if process_count > 1:
+      indices = indices[process_index * rows:(process_index + 1) * rows]
+    yield examples.rows(indices, shapes)
+    batch += 1
