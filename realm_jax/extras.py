@@ -25,13 +25,12 @@ class MissingExtra(errors.UserError, ImportError):
 
 
 def require(module: str, needed_for: str, instead: str | None = None):
-  """`module`, imported; else MissingExtra naming what needed it and the
-  extra to install (and `instead`: a TF-free way, if there is one)."""
+  """`module`, imported; else MissingExtra, one line naming what needed it
+  and the extra to install (and `instead`: a TF-free way, if any)."""
   try:
     return importlib.import_module(module)
   except ImportError as error:
     raise MissingExtra(
-        f'{needed_for} needs {module.split(".")[0]}, which is not installed '
-        f'({error}).',
-        f"Install the TensorFlow extra: pip install 'realm-jax[{EXTRA}]'"
-        + (f'; or {instead}' if instead else '') + '.') from error
+        f'{needed_for} needs {module.split(".")[0]}, which is not installed: '
+        f"pip install 'realm-jax[{EXTRA}]'"
+        + (f', or {instead}' if instead else '') + '.') from error

@@ -3,7 +3,9 @@
 The seqio tasks tokenize, mask and cut examples with TensorFlow ops. Written
 once (`realm-jax data export`, `training.input_pipeline.export`), the same
 examples are one .npy file per feature, [count, *shape] at the shapes of the
-run that reads them, beside `metadata.json`: the task, split and
+run that reads them (uint16 where every value fits, as wordpiece ids of
+BERT's vocabularies do: half the bytes to carry; read back as int32),
+beside `metadata.json`: the task, split and
 preprocessing seed, the shapes, the vocabulary's and the corpus's
 fingerprints (a reader refuses arrays made from another of either, naming
 both), and a fingerprint of the arrays themselves. String features (an
@@ -81,7 +83,7 @@ def write(output: epath.Path, examples: Iterable[dict],
   count = len(next(iter(columns.values()))) if columns else 0
   if not count:
     raise errors.BadInput(f'No example to write to {output}.')
-  arrays = {name: np.stack(rows) for name, rows in columns.items()}
+  arrays = {name: _compact(np.stack(rows)) for name, rows in columns.items()}
   metadata = {**metadata, 'count': count,
               'shapes': {name: list(shape) for name, shape in shapes.items()},
               'strings': list(strings), 'fingerprint': fingerprint(arrays)}
@@ -98,6 +100,12 @@ def write(output: epath.Path, examples: Iterable[dict],
     output.rmtree()
   staged.rename(output)
   return metadata
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+  """uint16 where every value fits, else as it is."""
+  fits = not values.size or 0 <= values.min() <= values.max() <= 0xFFFF
+  return values.astype(np.uint16) if fits else values
 
 
 def _text(value):
@@ -168,8 +176,8 @@ class ExampleArrays:
     order = np.argsort(indices, kind='stable')
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    return {name: np.asarray(self.arrays[name][indices[order]])[inverse]
-            for name in shapes}
+    return {name: np.asarray(self.arrays[name][indices[order]], np.int32
+                             )[inverse] for name in shapes}
 
   def strings(self) -> list[dict]:
     """Every example's string features, in example order."""

@@ -1,0 +1,109 @@
+"""The core without the TensorFlow stack, as a GPU or TPU machine has it.
+
+Every process below starts with TensorFlow, tensorflow-text, seqio, ScaNN,
+spaCy and clu unimportable (a sitecustomize.py that marks them absent):
+an ICT run, REALM pre-training from it with the index builder as a process
+of its own swapping indexes in, then `eval` and `search` on the result. The
+examples come from arrays exported here, where TensorFlow is.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from realm_jax import extras, main
+from realm_jax.data import example_arrays, task_names
+from tests.helpers import REPO, RETRIEVAL, TINY
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ICT = ['--gin_file=gin/runs/ict.gin', *TINY, "--gin.Ict.bert_dir=''",
+       '--gin.Ict.block_length=64', '--gin.Ict.query_length=32']
+PRETRAIN = ['--gin_file=gin/runs/pretrain.gin', *TINY, *RETRIEVAL]
+ARRAYS = ["--gin.Examples.source='arrays'"]
+
+
+def _without_tf(tmp_path) -> dict:
+  """The environment of a process in which the TF stack is absent."""
+  blocker = tmp_path / 'no_tf'
+  blocker.mkdir(exist_ok=True)
+  # None in sys.modules: `import` fails, and find_spec says "not installed".
+  (blocker / 'sitecustomize.py').write_text(
+      'import sys\n' + ''.join(f'sys.modules[{name!r}] = None\n'
+                               for name in extras.TF_STACK))
+  return {**os.environ, 'PYTHONPATH': f'{blocker}{os.pathsep}{REPO}',
+          'REALM_ARRAYS_DIR': str(tmp_path / 'arrays'),
+          'JAX_PLATFORMS': 'cpu'}
+
+
+def _run(env, *argv, timeout=600) -> str:
+  done = subprocess.run([sys.executable, *argv], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout,
+                        check=False)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+  return done.stdout + done.stderr
+
+
+def _rows(model_dir) -> list[dict]:
+  with open(os.path.join(model_dir, 'train_metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_train_refresh_eval_and_search_run_without_the_tf_stack(
+    small_corpus_env, tmp_path, monkeypatch):
+  monkeypatch.setenv(example_arrays.ROOT_ENV, str(tmp_path / 'arrays'))
+  for run in (ICT, PRETRAIN):
+    assert main.main(['data', 'export', *run]) == 0
+  env = _without_tf(tmp_path)
+  probe = subprocess.run(
+      [sys.executable, '-c', 'import seqio'], env=env, capture_output=True,
+      text=True, check=False)
+  assert probe.returncode != 0 and 'seqio' in probe.stderr
+
+  ict = str(tmp_path / 'ict')
+  _run(env, '-m', 'realm_jax.main', 'train', f'--model_dir={ict}', *ICT,
+       *ARRAYS, '--gin.train.num_steps=2')
+  assert [r['step'] for r in _rows(ict)][-1] == 2
+
+  pretrain = str(tmp_path / 'pretrain')
+  _run(env, '-m', 'launch.local', f'--model_dir={pretrain}', *PRETRAIN,
+       *ARRAYS, f'--gin.Pretrain.ict_model_dir="{ict}"',
+       '--gin.train.num_steps=4', '--gin.train.checkpoint_every=2',
+       '--gin.train.log_every=1', '--gin.IndexClient.lockstep_interval=2',
+       '--poll_seconds=0.2')
+  rows = _rows(pretrain)
+  assert [r['step'] for r in rows] == [1, 2, 3, 4]
+  # The builder's indexes were swapped in: steps 3 and 4 read step 2's.
+  assert [r['index_staleness'] for r in rows] == [1, 2, 1, 2]
+  assert '4' in os.listdir(os.path.join(pretrain, 'index'))
+  assert os.listdir(os.path.join(pretrain, 'tensorboard', 'train'))
+
+  out = _run(env, '-m', 'realm_jax.main', 'eval', f'--model_dir={pretrain}',
+             '--task=masked_lm', '--batch_size=8')
+  with open(os.path.join(pretrain, 'eval', 'masked_lm_metrics.json')) as f:
+    scored = json.load(f)
+  held_out = example_arrays.ExampleArrays(example_arrays.directory(
+      task_names.held_out('wiki_leads'), 'validation'))
+  assert scored['queries'] == held_out.count > 0, out
+  assert 0 <= scored['masked_token_accuracy'] <= 1
+
+  out = _run(env, '-m', 'realm_jax.main', 'search', 'the capital city',
+             f'--model_dir={pretrain}', '--top_k=3')
+  assert out.count('\n   1 ') + out.count('\n   2 ') + out.count(
+      '\n   3 ') == 3, out
+
+
+def test_a_seqio_task_without_the_extra_is_one_line_and_exit_2(tmp_path):
+  env = _without_tf(tmp_path)
+  done = subprocess.run(
+      [sys.executable, '-m', 'realm_jax.main', 'train',
+       f'--model_dir={tmp_path / "run"}', *ICT, '--gin.train.num_steps=1'],
+      env=env, cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 2, done.stderr[-3000:]
+  last = done.stderr.strip().splitlines()[-1]
+  assert last.startswith('realm-jax train: Reading a seqio task needs seqio, '
+                         'which is not installed'), done.stderr
+  assert "pip install 'realm-jax[tf]'" in last
