@@ -11,8 +11,8 @@ pytestmark = pytest.mark.unit
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'realm_jax'
 # Top-level modules every layer may use; they import none of the layers.
-SHARED = {'distributed', 'errors', 'progress', 'embedded', 'run_directory',
-          'run_guard'}
+SHARED = {'distributed', 'errors', 'extras', 'progress', 'embedded',
+          'run_directory', 'run_guard'}
 LAYERS = {'data': 1, 'models': 2, 'index': 3, 'training': 3,
           'evaluation': 4, 'released': 4, 'aot': 5, 'demo': 5, 'main': 5}
 
@@ -94,3 +94,37 @@ def test_only_the_command_line_and_the_run_loader_touch_gins_global_state():
               if any(call in path.read_text()
                      for call in ('gin.clear_config', 'gin.query_parameter'))}
   assert touching <= allowed, touching - allowed
+
+
+# The TensorFlow extra's side (realm_jax.extras): seqio's preprocessing,
+# spaCy's annotation, the t5x adapter. Every other module is the core, which
+# GPU and TPU machines run without the TF stack.
+TF_SIDE = {'realm_jax.data.ict', 'realm_jax.data.masking',
+           'realm_jax.data.salient_spans', 'realm_jax.data.vocabulary',
+           'realm_jax.evaluation.qa_features',
+           'realm_jax.evaluation.t5x_adapter'}
+CORE = [path for path in MODULES if _module(path) not in TF_SIDE]
+
+
+def _module_level_imports(path: pathlib.Path) -> set[str]:
+  """The top-level packages a module imports when it is imported (not
+  inside its functions)."""
+  found = set()
+  for node in ast.parse(path.read_text()).body:
+    if isinstance(node, ast.Import):
+      found.update(alias.name.split('.')[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      found.add(node.module.split('.')[0])
+  return found
+
+
+@pytest.mark.parametrize('path', CORE, ids=lambda p: _module(p))
+def test_the_core_imports_no_tf_stack_at_module_level(path):
+  from realm_jax import extras  # pylint: disable=g-import-not-at-top
+  assert not _module_level_imports(path) & set(extras.TF_STACK), (
+      f'{_module(path)} imports the TF stack; import it where it is needed, '
+      'through realm_jax.extras.require')
+
+
+def test_the_tf_side_is_what_it_says():
+  assert TF_SIDE <= {_module(path) for path in MODULES}

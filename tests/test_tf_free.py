@@ -16,6 +16,7 @@ import pytest
 
 from realm_jax import extras, main
 from realm_jax.data import example_arrays, task_names
+from tests import test_layering
 from tests.helpers import REPO, RETRIEVAL, TINY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -107,3 +108,17 @@ def test_a_seqio_task_without_the_extra_is_one_line_and_exit_2(tmp_path):
   assert last.startswith('realm-jax train: Reading a seqio task needs seqio, '
                          'which is not installed'), done.stderr
   assert "pip install 'realm-jax[tf]'" in last
+
+
+def test_every_core_module_imports_without_the_tf_stack():
+  """Transitively: a module of the core that imports one that imports TF."""
+  modules = [test_layering._module(path) for path in test_layering.CORE]  # pylint: disable=protected-access
+  script = ''.join(f'sys.modules[{name!r}] = None\n'
+                   for name in extras.TF_STACK) + ''.join(
+                       f'importlib.import_module({name!r})\n'
+                       for name in modules)
+  done = subprocess.run([sys.executable, '-c',
+                         'import importlib, sys\n' + script],
+                        cwd=REPO, capture_output=True, text=True,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
