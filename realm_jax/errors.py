@@ -34,6 +34,13 @@ def one_line(error: BaseException) -> str:
                   if line.strip())
 
 
+def message(error: UserError) -> str:
+  """A user error's message and hint, without the lines gin appends to an
+  error raised inside a configurable ("In call to configurable 'train'")."""
+  return '\n'.join(line for line in str(error).splitlines()
+                   if not line.startswith('  In call to configurable '))
+
+
 def require_file(path, what: str) -> None:
   """Refuses (NotFound) a `path` that is not a file, naming it as `what`."""
   if not epath.Path(path).is_file():

@@ -735,7 +735,8 @@ def main(argv=None, exit_at_once: bool = False) -> int:
   except errors.UserError as error:
     if args.debug or os.environ.get(DEBUG_ENV, '0') not in ('', '0'):
       traceback.print_exc()
-    print(f'realm-jax {args.command}: {error}', file=sys.stderr)
+    print(f'realm-jax {args.command}: {errors.message(error)}',
+          file=sys.stderr)
     return 2
   if exit_at_once and args.command in READ_ONLY:
     sys.stdout.flush()

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import gin
 import pytest
 
 from realm_jax import extras, main
@@ -57,6 +58,7 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
     small_corpus_env, tmp_path, monkeypatch):
   monkeypatch.setenv(example_arrays.ROOT_ENV, str(tmp_path / 'arrays'))
   for run in (ICT, PRETRAIN):
+    gin.clear_config()
     assert main.main(['data', 'export', *run]) == 0
   env = _without_tf(tmp_path)
   probe = subprocess.run(
@@ -72,14 +74,15 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
   pretrain = str(tmp_path / 'pretrain')
   _run(env, '-m', 'launch.local', f'--model_dir={pretrain}', *PRETRAIN,
        *ARRAYS, f'--gin.Pretrain.ict_model_dir="{ict}"',
-       '--gin.train.num_steps=4', '--gin.train.checkpoint_every=2',
+       '--gin.train.num_steps=6', '--gin.train.checkpoint_every=2',
        '--gin.train.log_every=1', '--gin.IndexClient.lockstep_interval=2',
-       '--poll_seconds=0.2')
+       '--gin.run_refresh.refresh_interval_steps=2', '--poll_seconds=0.2')
   rows = _rows(pretrain)
-  assert [r['step'] for r in rows] == [1, 2, 3, 4]
-  # The builder's indexes were swapped in: steps 3 and 4 read step 2's.
-  assert [r['index_staleness'] for r in rows] == [1, 2, 1, 2]
-  assert '4' in os.listdir(os.path.join(pretrain, 'index'))
+  assert [r['step'] for r in rows] == [1, 2, 3, 4, 5, 6]
+  # The builder's index of step 2 was swapped in for steps 5 and 6 (they
+  # retrieve with the parameters of steps 4 and 5; IndexClient's lockstep).
+  assert [r['index_staleness'] for r in rows] == [0, 1, 2, 3, 2, 3]
+  assert '6' in os.listdir(os.path.join(pretrain, 'index'))
   assert os.listdir(os.path.join(pretrain, 'tensorboard', 'train'))
 
   out = _run(env, '-m', 'realm_jax.main', 'eval', f'--model_dir={pretrain}',
@@ -101,7 +104,7 @@ def test_a_seqio_task_without_the_extra_is_one_line_and_exit_2(tmp_path):
   env = _without_tf(tmp_path)
   done = subprocess.run(
       [sys.executable, '-m', 'realm_jax.main', 'train',
-       f'--model_dir={tmp_path / "run"}', *ICT, '--gin.train.num_steps=1'],
+       f'--model_dir={tmp_path / "run"}', *ICT, '--gin.train.num_steps=2'],
       env=env, cwd=REPO, capture_output=True, text=True, check=False)
   assert done.returncode == 2, done.stderr[-3000:]
   last = done.stderr.strip().splitlines()[-1]
