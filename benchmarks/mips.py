@@ -5,6 +5,9 @@ Searchers, side by side on the same vectors and queries:
   - numpy: brute force (one matmul, argpartition);
   - exact: realm_jax.index.exact.ExactSearcher (chunked JAX matmul + top-k,
     sharded over the devices), on float32 or bfloat16 rows;
+  - approx-max-k: the same matmul, chunk by chunk, with
+    `jax.lax.approx_max_k` (recall target 0.95) in place of the exact top-k
+    (approximate on TPU; XLA:CPU and GPU may compute it exactly);
   - scann: realm_jax.index.scann_searcher.build_scann's default (asymmetric
     hashing over every row, exact re-scoring of 1,000), and scann-tree, the
     same behind a k-means tree of sqrt(N) leaves searching a tenth of them;
@@ -72,6 +75,35 @@ def _exact(rows):
   return (lambda q: searcher.search(q, K)[1]), searcher.embeddings.nbytes
 
 
+def _approx_max_k(rows, chunk: int = 1 << 20):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  chunk = min(chunk, len(rows))
+  padding = -len(rows) % chunk
+  table = jnp.asarray(np.pad(rows, ((0, padding), (0, 0)))).reshape(
+      -1, chunk, rows.shape[1])
+  starts = jnp.arange(table.shape[0]) * chunk
+
+  @jax.jit
+  def search(queries):
+    queries = queries.astype(table.dtype)
+
+    def one(chunk_and_start):
+      block, start = chunk_and_start
+      scores = jnp.einsum('qd,nd->qn', queries, block,
+                          preferred_element_type=jnp.float32)
+      ids = start + jnp.arange(chunk)
+      scores = jnp.where(ids < len(rows), scores, -jnp.inf)
+      values, top = jax.lax.approx_max_k(scores, K, recall_target=0.95)
+      return values, top + start
+    values, ids = jax.lax.map(one, (table, starts))
+    values = jnp.moveaxis(values, 0, 1).reshape(len(queries), -1)
+    ids = jnp.moveaxis(ids, 0, 1).reshape(len(queries), -1)
+    _, best = jax.lax.top_k(values, K)
+    return jnp.take_along_axis(ids, best, axis=1)
+  return (lambda q: np.asarray(search(q))), table.nbytes
+
+
 def _scann(rows, **tree):
   from realm_jax.index.scann_searcher import build_scann  # pylint: disable=g-import-not-at-top
   searcher = build_scann(rows, **tree)
@@ -122,6 +154,8 @@ FLOAT32 = {'numpy': _numpy, 'exact': _exact, 'scann': _scann,
            'faiss-flat': lambda rows: _faiss(rows, 'Flat'),
            'faiss-ivfpq': _faiss_ivfpq}
 BFLOAT16 = {'exact': lambda rows: _exact(rows.astype(ml_dtypes.bfloat16)),
+            'approx-max-k': lambda rows: _approx_max_k(
+                rows.astype(ml_dtypes.bfloat16)),
             'faiss-bf16': lambda rows: _faiss(rows, 'SQbf16')}
 
 

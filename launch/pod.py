@@ -59,7 +59,8 @@ def ssh_command(config, slice_, script: str, worker: str = 'all') -> list[str]:
 
 def install_script(config) -> str:
   """Python, a checkout of the configured ref, a venv with jax[tpu] at the
-  pinned version and the repo (editable: the jobs read gin/ from it), the
+  pinned version and the repo with its TensorFlow extra (editable: the jobs
+  read gin/ from it), the
   extra packages, and a local copy of the corpus (it is read from local
   files). Re-running it updates the checkout."""
   install = config.install
@@ -76,7 +77,8 @@ def install_script(config) -> str:
       'git checkout -q --detach FETCH_HEAD',
       f'{install.python} -m venv .venv',
       f'{pip} --upgrade pip',
-      f"{pip} -e . {shlex.quote(f'jax[tpu]=={install.jax_version}')}",
+      # The TensorFlow extra: the pods read the seqio tasks (and ScaNN).
+      f"{pip} -e '.[tf]' {shlex.quote(f'jax[tpu]=={install.jax_version}')}",
       *(f'{pip} {shlex.join(shlex.split(extra))}'
         for extra in install.pip_install),
       'mkdir -p runs/corpora',

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import seqio
 
 from realm_jax.training import input_pipeline
 from tests.helpers import REPO, RETRIEVAL, TINY
@@ -32,7 +33,7 @@ def test_data_shards_are_disjoint_slices_of_every_global_batch():
                                       data_shards=2))
   halves = [next(input_pipeline._shard_batches(  # pylint: disable=protected-access
       TASK, 'train', ICT_SHAPES, 4, 3, True, None,
-      input_pipeline.seqio.ShardInfo(i, 2)).as_numpy_iterator())
+      seqio.ShardInfo(i, 2)).as_numpy_iterator())
             for i in range(2)]
   assert _rows(whole) == _rows(halves[0]) + _rows(halves[1])
   # Over an epoch the two shards never read the same block.
@@ -40,7 +41,7 @@ def test_data_shards_are_disjoint_slices_of_every_global_batch():
   for i in range(2):
     for batch in input_pipeline._shard_batches(  # pylint: disable=protected-access
         TASK, 'train', ICT_SHAPES, 1, 0, False, 1,
-        input_pipeline.seqio.ShardInfo(i, 2)).as_numpy_iterator():
+        seqio.ShardInfo(i, 2)).as_numpy_iterator():
       epoch[i].update(_rows(batch))
   assert epoch[0] and epoch[1] and not epoch[0] & epoch[1]
 

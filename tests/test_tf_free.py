@@ -3,8 +3,10 @@
 Every process below starts with TensorFlow, tensorflow-text, seqio, ScaNN,
 spaCy and clu unimportable (a sitecustomize.py that marks them absent):
 an ICT run, REALM pre-training from it with the index builder as a process
-of its own swapping indexes in, then `eval` and `search` on the result. The
-examples come from arrays exported here, where TensorFlow is.
+of its own swapping indexes in, then `eval`, `search` and `fill` on the
+result; Open-QA fine-tuning, then `eval` (the same metrics as the seqio
+path's) and `ask`. The examples come from arrays exported here, where
+TensorFlow is.
 """
 
 import json
@@ -25,6 +27,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ICT = ['--gin_file=gin/runs/ict.gin', *TINY, "--gin.Ict.bert_dir=''",
        '--gin.Ict.block_length=64', '--gin.Ict.query_length=32']
 PRETRAIN = ['--gin_file=gin/runs/pretrain.gin', *TINY, *RETRIEVAL]
+FINETUNE = ['--gin_file=gin/runs/finetune.gin', *TINY,
+            "--gin.Finetune.bert_dir=''", '--gin.Finetune.query_length=16']
 ARRAYS = ["--gin.Examples.source='arrays'"]
 
 
@@ -98,6 +102,39 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
              f'--model_dir={pretrain}', '--top_k=3')
   assert out.count('\n   1 ') + out.count('\n   2 ') + out.count(
       '\n   3 ') == 3, out
+
+  out = _run(env, '-m', 'realm_jax.main', 'fill', 'The [MASK] is a city.',
+             f'--model_dir={pretrain}')
+  assert 'filled: the ' in out and ' is a city .' in out, out
+  assert '(null document)' in out, out
+
+
+def test_finetune_eval_and_ask_run_without_the_tf_stack(zebra, tmp_path,
+                                                         monkeypatch):
+  """Open-QA scored from the arrays equals the seqio path's scoring."""
+  monkeypatch.setenv(example_arrays.ROOT_ENV, str(tmp_path / 'arrays'))
+  assert main.main(['data', 'export', *FINETUNE]) == 0
+  env = _without_tf(tmp_path)
+  model_dir = str(tmp_path / 'finetune')
+  _run(env, '-m', 'realm_jax.main', 'train', f'--model_dir={model_dir}',
+       *FINETUNE, *ARRAYS, '--gin.train.num_steps=2')
+  scored = {}
+  _run(env, '-m', 'realm_jax.main', 'eval', f'--model_dir={model_dir}',
+       '--task=nq_open', f'--output_dir={tmp_path / "arrays"}')
+  gin.clear_config()
+  assert main.main(['eval', f'--model_dir={model_dir}', '--task=nq_open',
+                    f'--output_dir={tmp_path / "seqio"}',
+                    "--gin.Examples.source='seqio'"]) == 0
+  for source in ('arrays', 'seqio'):
+    with open(tmp_path / source / 'nq_open_metrics.json') as f:
+      scored[source] = json.load(f)
+  assert scored['arrays']['questions'] == 4
+  assert scored['arrays'] == scored['seqio']
+
+  out = _run(env, '-m', 'realm_jax.main', 'ask',
+             'what animal has black and white stripes?',
+             f'--model_dir={model_dir}')
+  assert 'Animal' in out or 'Crossings' in out, out  # A block it read.
 
 
 def test_a_seqio_task_without_the_extra_is_one_line_and_exit_2(tmp_path):

@@ -94,7 +94,7 @@ class BlockTexts:
     if first >= 0 and last < len(ids) and ids[first:last + 1] == token_ids:
       return raw[offsets[first][0]:offsets[last][1]].decode('utf-8')
     self.unaligned += 1
-    return self.tokenizer.detokenize(token_ids).numpy().decode('utf-8')
+    return self.tokenizer.decode(token_ids)
 
 
 @dataclasses.dataclass

@@ -27,6 +27,54 @@ def _dtype(value) -> jnp.dtype:
   return jnp.dtype(value)
 
 
+def contract(spec: str, a, b, dtype):
+  """jnp.einsum(spec, a, b) multiplied in `dtype`, accumulated and returned in
+  float32, its backward pass likewise.
+
+  Every product of the model goes through here. A bfloat16 x bfloat16 ->
+  float32 product is what accelerators compute anyway, and XLA:CPU runs it
+  natively on AVX512_BF16 at twice its float32 rate; a bfloat16 result, or
+  the float32 cotangent autodiff would send back, makes it a float32 matmul.
+  """
+  return _contract(spec, a.astype(dtype), b.astype(dtype))
+
+
+def _batched(spec: str) -> bool:
+  """Whether an axis of `spec` is in both operands and the result."""
+  operands, out = spec.split('->')
+  a, b = operands.split(',')
+  return bool(set(a) & set(b) & set(out))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _contract(spec, a, b):
+  if a.dtype != jnp.float32 and _batched(spec) and (
+      jax.default_backend() == 'cpu'):
+    # XLA:CPU (jax 0.10) has no bfloat16 x bfloat16 -> float32 kernel for
+    # some batched layouts ("Unsupported element type for DotThunk"). The
+    # same sum in float32: products of bfloat16 values are exact in float32.
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _contract_fwd(spec, a, b):
+  return _contract(spec, a, b), (a, b)
+
+
+def _contract_bwd(spec, residuals, cotangent):
+  """The two transposed products, on the cotangent cast to the operands'
+  dtype (exact where the result was cast to it)."""
+  a, b = residuals
+  operands, out = spec.split('->')
+  a_spec, b_spec = operands.split(',')
+  cotangent = cotangent.astype(a.dtype)
+  return (_contract(f'{out},{b_spec}->{a_spec}', cotangent, b).astype(a.dtype),
+          _contract(f'{a_spec},{out}->{b_spec}', a, cotangent).astype(b.dtype))
+
+
+_contract.defvjp(_contract_fwd, _contract_bwd)
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -44,7 +92,10 @@ class BertConfig:
     dropout_rate: dropout on embeddings and on each residual branch.
     attention_dropout_rate: dropout on attention probabilities.
     initializer_range: stddev of the truncated-normal initializer.
-    dtype: compute dtype (bfloat16 on accelerators).
+    dtype: compute dtype of matmuls and activations: 'bfloat16' under the
+      mixed-precision policy (gin/setups/bf16.gin, the accelerators'
+      default). Products accumulate in float32, and logits, softmaxes,
+      LayerNorm statistics and the retrieval embeddings stay float32.
     param_dtype: parameter dtype (float32 keeps the optimizer exact).
     remat: rematerialize each layer in the backward pass (saves memory).
     add_pooler: add BERT's tanh pooler over [CLS] (the released REALM towers
@@ -100,12 +151,13 @@ def _init(config: BertConfig, names: tuple[str, ...]):
 
 
 def layer_norm(config: BertConfig, name: str, axis_name: str = 'embed',
-               epsilon: float | None = None):
+               epsilon: float | None = None, dtype=None):
   """LayerNorm over the last axis, whose logical name is `axis_name`;
-  `epsilon` defaults to the config's."""
+  `epsilon` defaults to the config's. Its statistics are float32; it returns
+  `dtype` (default the compute dtype)."""
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps if epsilon is None else epsilon,
-      dtype=config.dtype,
+      dtype=dtype or config.dtype,
       param_dtype=config.param_dtype,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones,
                                               (axis_name,)),
@@ -119,11 +171,16 @@ class Dense(nn.Module):
 
   Unlike nn.DenseGeneral it creates the kernel in its true shape, so the
   logical axis names fit it even when initialized inside a mesh context.
+  The product is the compute dtype's (`contract`); the bias is added in
+  float32, so its gradient sums over tokens in float32, and the sum is
+  returned as `dtype` (default the compute dtype; float32 for scores a
+  softmax reads).
   """
   config: BertConfig
   features: tuple[int, ...]
   kernel_names: tuple[str, ...]
   in_axes: int = 1
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
@@ -134,28 +191,33 @@ class Dense(nn.Module):
     bias = self.param('bias', nn.with_logical_partitioning(
         nn.initializers.zeros, self.kernel_names[self.in_axes:]),
                       self.features, c.param_dtype)
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=c.dtype)
-    contract = (tuple(range(x.ndim - self.in_axes, x.ndim)),
-                tuple(range(self.in_axes)))
-    return jax.lax.dot_general(x, kernel, (contract, ((), ()))) + bias
+    inputs, outputs = 'abcd'[:self.in_axes], 'wxyz'[:len(self.features)]
+    y = contract(f'...{inputs},{inputs}{outputs}->...{outputs}', x, kernel,
+                 c.dtype) + bias
+    return y.astype(self.dtype or c.dtype)
 
 
 def dense(config: BertConfig, features, kernel_names: tuple[str, ...],
-          name: str, in_axes: int = 1) -> Dense:
+          name: str, in_axes: int = 1, dtype=None) -> Dense:
   """BERT-initialized dense layer; the bias takes the output axis names."""
   features = tuple(features) if isinstance(features, (tuple, list)) else (
       features,)
-  return Dense(config, features, kernel_names, in_axes, name=name)
+  return Dense(config, features, kernel_names, in_axes, dtype, name=name)
 
 
 class Embeddings(nn.Module):
-  """Sum of word, position and token-type embeddings, then LayerNorm."""
+  """Sum of word, position and token-type embeddings, then LayerNorm.
+
+  The rows are looked up and summed in the parameters' dtype and the
+  LayerNorm casts to the compute dtype: the gradient's scatter-adds into the
+  tables then accumulate in float32.
+  """
   config: BertConfig
 
   def setup(self):
     c = self.config
     embed = functools.partial(
-        nn.Embed, features=c.hidden_size, dtype=c.dtype,
+        nn.Embed, features=c.hidden_size, dtype=c.param_dtype,
         param_dtype=c.param_dtype)
     self.word_embeddings = embed(
         c.vocab_size, embedding_init=_init(c, ('vocab', 'embed')))
@@ -179,21 +241,22 @@ class Embeddings(nn.Module):
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
   def attend(self, hidden):
-    """Vocabulary logits with the word embeddings as the (tied) decoder."""
-    return self.word_embeddings.attend(hidden)
+    """float32 vocabulary logits, the word embeddings the (tied) decoder."""
+    return contract('...h,vh->...v', hidden, self.word_embeddings.embedding,
+                    self.config.dtype)
 
 
 def _attention(query, key, value, input_mask, dtype, dropout=None):
   """softmax(q k^T / sqrt(d)) v over [batch, length, heads, head_dim]."""
-  logits = jnp.einsum('bqhd,bkhd->bhqk', query, key) / jnp.sqrt(
-      jnp.asarray(query.shape[-1], query.dtype))
+  logits = contract('bqhd,bkhd->bhqk', query, key, dtype) / jnp.sqrt(
+      jnp.float32(query.shape[-1]))
   # Softmax in float32; a fully padded row attends uniformly instead of NaN.
-  logits = jnp.where(input_mask[:, None, None, :].astype(bool),
-                     logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  logits = jnp.where(input_mask[:, None, None, :].astype(bool), logits,
+                     jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
   if dropout is not None:
     probs = dropout(probs)
-  return jnp.einsum('bhqk,bkhd->bqhd', probs, value)
+  return contract('bhqk,bkhd->bqhd', probs, value, dtype).astype(dtype)
 
 
 def attend(query, key, value, input_mask, dtype, dropout=None,

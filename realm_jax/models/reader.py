@@ -41,7 +41,7 @@ class MaskedLMHead(nn.Module):
         c.activation(h))
     bias = self.param('output_bias', nn.with_logical_partitioning(
         nn.initializers.zeros, ('vocab',)), (c.vocab_size,), c.param_dtype)
-    logits = bert.attend(h).astype(jnp.float32) + bias
+    logits = bert.attend(h) + bias
     return nn.with_logical_constraint(logits, ('batch', 'length', 'vocab'))
 
 
@@ -69,8 +69,8 @@ class SpanReaderHead(nn.Module):
     spans = start[:, :, None, :] + end[:, end_index, :]
     spans = layer_norm(c, 'layer_norm', 'mlp', self.layer_norm_eps)(
         nn.relu(spans))
-    return dense(c, 1, ('mlp', 'score'), 'score')(spans)[..., 0].astype(
-        jnp.float32)
+    return dense(c, 1, ('mlp', 'score'), 'score', dtype=jnp.float32)(
+        spans)[..., 0]
 
 
 def span_mask(block_mask, max_span_width: int):

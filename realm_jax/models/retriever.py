@@ -39,9 +39,12 @@ class Embedder(nn.Module):
     c = self.config
     self.bert = Bert(dataclasses.replace(
         c, add_pooler=c.add_pooler or self.pooling == 'pooler'))
+    # The product is the compute dtype's; the embedding stays float32 from
+    # there on: the index stores it, and f(x, z) is a softmax's input.
     self.projection = dense(c, self.projection_size, ('embed', 'projection'),
-                            'projection')
-    self.layer_norm = layer_norm(c, 'layer_norm', 'projection')
+                            'projection', dtype=jnp.float32)
+    self.layer_norm = layer_norm(c, 'layer_norm', 'projection',
+                                 dtype=jnp.float32)
 
   def __call__(self, token_ids, input_mask, token_type_ids,
                deterministic: bool = True):
@@ -57,7 +60,7 @@ class Embedder(nn.Module):
     else:
       pooled = mean_pool(out.sequence_output, flat(input_mask))
     embedding = self.layer_norm(self.projection(pooled))
-    return embedding.astype(jnp.float32).reshape(*lead, -1)
+    return embedding.reshape(*lead, -1)
 
 
 class Retriever(nn.Module):

@@ -138,7 +138,8 @@ class Trainer:
     metrics, grads = self.gradients(state.params, inputs, rng)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     metrics = {**metrics, 'learning_rate': self.schedule(state.step),
-               'gradient_norm': optax.global_norm(grads)}
+               'gradient_norm': jnp.sqrt(sum(
+                   jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))}
     return state.replace(step=state.step + 1,
                          params=optax.apply_updates(state.params, updates),
                          opt_state=opt_state), metrics
