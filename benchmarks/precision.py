@@ -5,11 +5,14 @@
 The step is the trainer's own (forward, backward, AdamW) as `make demo`
 pre-trains: gin/runs/pretrain.gin under gin/setups/demo.gin, batch 8, both
 BERTs and the towers MiniLM-L6 cut to 2 layers, fed random wordpieces
-(retrieval runs on the host before the step). float32 is the demo's policy
-(cpu_demo.gin); bfloat16 layers gin/setups/bf16.gin over it. Both start from
+(retrieval runs on the host before the step), under the policy of
+gin/setups/bf16.gin (the demo's since it was measured here) and in float32
+(cpu_demo.gin's), the compute dtype bound over the setup. Both start from
 the same state, so their first losses differ by the precision alone. The
 steps of the two alternate, so a load beside the benchmark slows both alike.
-Writes benchmarks/results/precision.json.
+Writes benchmarks/results/precision.json. A CPU benchmark, for the demo's
+choice (it runs where the demo does); on accelerators `benchmarks.run`'s
+train step runs in bfloat16.
 """
 
 import argparse
@@ -24,22 +27,21 @@ import jax.numpy as jnp
 from benchmarks import peak
 from benchmarks.run import RESULTS_DIR, table
 from benchmarks.train_step import _inputs
-from realm_jax import demo
 
-POLICIES = {'float32': [], 'bfloat16': ['gin/setups/bf16.gin']}
+POLICIES = {'float32': ["BertConfig.dtype = 'float32'"],
+            'bfloat16': ["BertConfig.dtype = 'bfloat16'"]}
 BATCH_SIZE = 8  # realm_jax/demo.py's pre-training batch.
 
 
-def build(policy_files, params=None):
+def build(policy, params=None):
   """(trainer, its state from `params` (default: MiniLM warm-started), the
   inputs, the warm-started parameters as numpy), each step compiled under
   its own gin config."""
   from realm_jax.training import partitioning, run_loader  # pylint: disable=g-import-not-at-top
   from realm_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
-  run_loader.configure(['gin/runs/pretrain.gin', 'gin/setups/demo.gin',
-                        *policy_files],
+  run_loader.configure(['gin/runs/pretrain.gin', 'gin/setups/demo.gin'],
                        [f'train.batch_size = {BATCH_SIZE}',
-                        'bert_adamw.warmup_steps = 1'])
+                        'bert_adamw.warmup_steps = 1', *policy])
   run = run_loader.configured_run().run
   trainer = Trainer(run.objective,
                     partitioning.make_mesh(devices=jax.devices()[:1]),
@@ -57,8 +59,8 @@ def measure(repeats: int) -> list[dict]:
   """One row per policy: the median step time of `repeats` steps after the
   compiling one, and the loss of that first step (the shared state's)."""
   runs, params = {}, None
-  for name, files in POLICIES.items():
-    trainer, state, inputs, params = build(files, params)
+  for name, policy in POLICIES.items():
+    trainer, state, inputs, params = build(policy, params)
     state, metrics = trainer.step(state, inputs)  # Compiles.
     runs[name] = {'trainer': trainer, 'state': state, 'inputs': inputs,
                   'loss': float(metrics['loss']), 'times': [],
@@ -89,6 +91,7 @@ def main(argv=None) -> str:
   parser.add_argument('--output', default=os.path.join(RESULTS_DIR,
                                                        'precision.json'))
   args = parser.parse_args(argv)
+  from realm_jax import demo  # pylint: disable=g-import-not-at-top
   machine = {**demo.machine(), 'device_kind': jax.devices()[0].device_kind,
              'jax': jax.__version__,
              'matmul_2048_bf16_f32acc_gflops': peak.measured_matmul(

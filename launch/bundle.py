@@ -30,7 +30,7 @@ import numpy as np
 from etils import epath
 
 from realm_jax import errors
-from realm_jax.data import block_store, corpus
+from realm_jax.data import block_store, corpus, example_arrays
 
 LIMIT_MIB = 64
 MIB = 1 << 20
@@ -150,7 +150,9 @@ def _corpus(target: pathlib.Path, name: str) -> dict:
       f'{block_store.PREFIX}{metadata["corpus_fingerprint"][:16]}')
   directory.mkdir(parents=True)
   for array in block_store.ARRAYS:
-    np.save(os.fspath(directory / f'{array}.npy'), store.arrays[array])
+    values = store.arrays[array]  # A store written before ids were compact:
+    np.save(os.fspath(directory / f'{array}.npy'), example_arrays.compact(
+        values) if array == 'token_ids' else values)
   (target / name / corpus.METADATA).write_bytes(
       (epath.Path(source) / corpus.METADATA).read_bytes())
   return {'corpus_fingerprint': metadata['corpus_fingerprint'],
@@ -299,6 +301,13 @@ def table(manifest: dict, bundle_dir: str) -> str:
   return '\n'.join(lines)
 
 
+def _json(path: pathlib.Path) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except ValueError as error:
+    raise errors.BadInput(f'{path} is damaged: not JSON ({error}).') from error
+
+
 def _same(what: str, found, where: str, expected, source: str) -> None:
   if found != expected:
     raise errors.IndexMismatchError(
@@ -314,19 +323,19 @@ def check(bundle_dir) -> dict:
   root = pathlib.Path(bundle_dir)
   if not (root / MANIFEST).is_file():
     raise errors.NotFound(f'{root} is not a bundle: it has no {MANIFEST}.')
-  manifest = json.loads((root / MANIFEST).read_text())
+  manifest = _json(root / MANIFEST)
   errors.require_file(root / VOCAB, "bundle's vocabulary")
   vocab = corpus.vocab_hash(root / VOCAB)
   vocab_source = f'its vocabulary {root / VOCAB}'
   corpora = {}
   for path in sorted(root.glob(f'corpora/*/{corpus.METADATA}')):
-    metadata = json.loads(path.read_text())
+    metadata = _json(path)
     _same('vocabulary', metadata['vocab_hash'], f'corpus {path.parent}',
           vocab, vocab_source)
     corpora[path.parent.name] = metadata['corpus_fingerprint']
   arrays = sorted(root.glob('arrays/*/*/metadata.json'))
   for path in arrays:
-    metadata = json.loads(path.read_text())
+    metadata = _json(path)
     _same('vocabulary', metadata['vocab_fingerprint'], f'{path.parent}',
           vocab, vocab_source)
     name = metadata.get('corpus_name')
@@ -397,7 +406,7 @@ def main(argv=None) -> int:
           int(args.limit_mib * MIB))
       print(table(manifest, args.output_dir))
   except errors.UserError as error:
-    print(f'launch.bundle: {error}', file=sys.stderr)
+    print(f'launch.bundle: {errors.message(error)}', file=sys.stderr)
     return 2
   return 0
 

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from realm_jax import errors, extras
 from realm_jax.data import block_store, corpus, corpus_changes
 from realm_jax.index.embed import block_arrays
 from tests.helpers import ARTICLES
@@ -32,9 +33,23 @@ def test_the_store_holds_what_the_shards_hold(zebra_corpus):
   longest = max(len(b['token_ids']) for b in blocks)
   for length in (8, 16, longest, 64):  # Cut, and not.
     padded = store.padded(length)
-    expected = block_arrays(zebra_corpus, max_length=length)
-    for name in ('token_ids', 'token_type_ids', 'input_mask'):
-      np.testing.assert_array_equal(padded[name], expected[name], name)
+    for i, block in enumerate(blocks):
+      # A cut block keeps its first length - 1 wordpieces and its [SEP];
+      # type 1 starts after [CLS] title [SEP].
+      ids = block['token_ids'].tolist()
+      kept = ids if len(ids) <= length else ids[:length - 1] + ids[-1:]
+      pad = [0] * (length - len(kept))
+      body = [int(j >= int(block['title_length']) + 2)
+              for j in range(len(kept))]
+      np.testing.assert_array_equal(padded['token_ids'][i], kept + pad)
+      np.testing.assert_array_equal(padded['input_mask'][i],
+                                    [1] * len(kept) + pad)
+      np.testing.assert_array_equal(padded['token_type_ids'][i], body + pad)
+    assert {a.dtype for a in padded.values()} == {np.dtype(np.int32)}
+  # The embedding job reads exactly these.
+  np.testing.assert_array_equal(
+      block_arrays(zebra_corpus, max_length=16)['token_ids'],
+      store.padded(16)['token_ids'])
 
 
 def test_later_readers_map_the_store_and_a_changed_corpus_gets_a_new_one(
@@ -67,3 +82,20 @@ def test_a_damaged_store_is_read_again_from_the_shards(zebra_corpus,
   assert store.title(0) == ARTICLES[0]['title']
   assert isinstance(block_store.open_store(zebra_corpus).arrays['titles'],
                     np.memmap)  # Written afresh.
+
+
+def test_without_tensorflow_a_damaged_store_is_kept_and_named(
+    zebra_corpus, tmp_path, monkeypatch):
+  """Where the shards cannot be read (no TensorFlow, as on a GPU machine),
+  the store is the corpus's only copy: refused by name, never removed."""
+  block_store.open_store(zebra_corpus)
+  store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
+                   if p.name.startswith(block_store.PREFIX))
+  (store_dir / 'titles.npy').write_bytes(b'garbage')
+
+  def no_tensorflow():
+    raise extras.MissingExtra('Reading corpus shards needs tensorflow.')
+  monkeypatch.setattr(corpus, 'tensorflow', no_tensorflow)
+  with pytest.raises(errors.BadInput, match=f'{store_dir} is unreadable'):
+    block_store.open_store(zebra_corpus)
+  assert (store_dir / 'bodies.npy').is_file()

@@ -157,6 +157,14 @@ def test_check_refuses_a_damaged_file(built, tmp_path):
     bundle.check(copy)
 
 
+def test_check_names_a_truncated_metadata_file(built, tmp_path):
+  copy = _copy(built, tmp_path)
+  path = next((copy / 'arrays').rglob('metadata.json'))
+  path.write_text(path.read_text()[:20])
+  with pytest.raises(errors.BadInput, match=f'{path} is damaged: not JSON'):
+    bundle.check(copy)
+
+
 def test_a_bundle_over_the_limit_is_refused_naming_the_sizes(
     small_corpus_env, wheels, tmp_path, capsys):
   output = tmp_path / 'bundle'

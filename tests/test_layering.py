@@ -109,10 +109,15 @@ CORE = [path for path in MODULES if _module(path) not in TF_SIDE]
 
 
 def _module_level_imports(path: pathlib.Path) -> set[str]:
-  """The top-level packages a module imports when it is imported (not
-  inside its functions)."""
+  """The top-level packages a module imports when it is imported: at module
+  level, inside `try`, `if` and class bodies too, not inside functions."""
   found = set()
-  for node in ast.parse(path.read_text()).body:
+  pending = list(ast.parse(path.read_text()).body)
+  while pending:
+    node = pending.pop()
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                             ast.Lambda)):
+      pending.extend(ast.iter_child_nodes(node))
     if isinstance(node, ast.Import):
       found.update(alias.name.split('.')[0] for alias in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

@@ -13,46 +13,60 @@ from realm_jax.training import run_loader
 
 pytestmark = pytest.mark.unit
 
-SPEC = 'bqh,hk->bqk'
+# The model's forms: a dense layer over two input axes (its backward sums
+# over the leading axes), attention scores (batched), and a plain product.
+SPECS = {'...ab,abw->...w': ((2, 5, 4, 8), (4, 8, 6), (2, 5, 6)),
+         'bqhd,bkhd->bhqk': ((2, 5, 4, 8), (2, 3, 4, 8), (2, 4, 5, 3)),
+         'bqh,hk->bqk': ((2, 5, 16), (16, 8), (2, 5, 8))}
 # The tiny model's REALM step at small shapes: 2 candidates, short reads.
 SMALL = ('Pretrain.num_candidates = 2', 'Pretrain.query_length = 32',
          'Pretrain.max_masked = 4', 'build_realm.reader_length = 96',
          'Pretrain.block_length = 64')
 
 
-def _operands():
+def _operands(shapes):
   rng = np.random.default_rng(0)
-  return (jnp.asarray(rng.normal(size=(2, 5, 16)), jnp.float32),
-          jnp.asarray(rng.normal(size=(16, 8)), jnp.float32),
-          jnp.asarray(rng.normal(size=(2, 5, 8)), jnp.float32))
+  return [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in shapes]
 
 
-def test_contract_in_float32_is_einsum_with_its_gradients():
-  a, b, w = _operands()
-  ours = lambda a, b: jnp.sum(bert.contract(SPEC, a, b, jnp.float32) * w)
-  einsum = lambda a, b: jnp.sum(jnp.einsum(SPEC, a, b) * w)
-  np.testing.assert_allclose(ours(a, b), einsum(a, b), rtol=1e-6)
+@pytest.mark.parametrize('spec', SPECS)
+def test_contract_in_float32_is_einsum_with_its_gradients(spec):
+  a, b, w = _operands(SPECS[spec])
+  ours = lambda a, b: jnp.sum(bert.contract(spec, a, b, jnp.float32) * w)
+  einsum = lambda a, b: jnp.sum(jnp.einsum(spec, a, b) * w)
+  np.testing.assert_allclose(ours(a, b), einsum(a, b), rtol=1e-5)
   for got, want in zip(jax.grad(ours, (0, 1))(a, b),
                        jax.grad(einsum, (0, 1))(a, b)):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_contract_in_bfloat16_rounds_operands_and_accumulates_in_float32():
-  """The product of the bfloat16-rounded operands, summed in float32; the
-  gradients come back in the operands' dtype, within bfloat16's rounding."""
-  a, b, w = _operands()
-  out = bert.contract(SPEC, a, b, jnp.bfloat16)
-  assert out.dtype == jnp.float32
+@pytest.mark.parametrize('spec', SPECS)
+def test_contract_in_bfloat16_sums_rounded_operands_in_float32(spec):
+  """Forward and backward: the float32 sums of bfloat16-rounded operands
+  and cotangent; float32 operands get float32 gradients, not rounded to
+  bfloat16 on the way, bfloat16 operands bfloat16 ones."""
+  a, b, w = _operands(SPECS[spec])
   rounded = lambda x: x.astype(jnp.bfloat16).astype(jnp.float32)
-  np.testing.assert_allclose(out, jnp.einsum(SPEC, rounded(a), rounded(b)),
+  exact = lambda s, x, y: jnp.einsum(s, x, y,
+                                     precision=jax.lax.Precision.HIGHEST)
+  out = bert.contract(spec, a, b, jnp.bfloat16)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, exact(spec, rounded(a), rounded(b)),
                              rtol=1e-5, atol=1e-5)
-  loss = lambda a, b, dtype: jnp.sum(bert.contract(SPEC, a, b, dtype) * w)
-  low = jax.grad(loss, (0, 1))(a, b, jnp.bfloat16)
-  high = jax.grad(loss, (0, 1))(a, b, jnp.float32)
-  for got, want in zip(low, high):
-    assert got.dtype == jnp.float32
-    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)
-    assert not np.array_equal(got, want)  # bfloat16 did round something.
+  operands, result = spec.split('->')
+  a_spec, b_spec = operands.split(',')
+  loss = lambda a, b: jnp.sum(bert.contract(spec, a, b, jnp.bfloat16) * w)
+  grad_a, grad_b = jax.grad(loss, (0, 1))(a, b)
+  assert grad_a.dtype == grad_b.dtype == jnp.float32
+  np.testing.assert_allclose(
+      grad_a, exact(f'{result},{b_spec}->{a_spec}', rounded(w), rounded(b)),
+      rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      grad_b, exact(f'{a_spec},{result}->{b_spec}', rounded(a), rounded(w)),
+      rtol=1e-5, atol=1e-5)
+  # A bfloat16 activation's gradient comes back in bfloat16.
+  low = jax.grad(loss)(a.astype(jnp.bfloat16), b)
+  assert low.dtype == jnp.bfloat16
 
 
 def test_the_bf16_setup_selects_the_policy():

@@ -1,8 +1,6 @@
 """The pure-Python WordPiece gives tensorflow-text's ids, offsets, detokenized
 text and joins: on hard cases, random text and the embedded Wikipedia leads."""
 
-import ast
-import pathlib
 import sys
 
 import hypothesis
@@ -190,17 +188,3 @@ def test_eager_api_needs_no_tensorflow(tokenizer, monkeypatch):
   assert eager.numpy_join(['Hello'], ['world'], max_length=6)['token_ids'][
       0].tolist() == [eager.cls_id, ids[0], eager.sep_id, ids[1],
                       eager.sep_id, eager.pad_id]
-
-
-@pytest.mark.parametrize('module', ['data/wordpiece.py', 'data/tokenization.py',
-                                    'evaluation/answers.py'])
-def test_module_imports_no_tensorflow(module):
-  path = pathlib.Path(__file__).parent.parent / 'realm_jax' / module
-  imported = set()
-  for node in ast.parse(path.read_text()).body:  # Module level only.
-    if isinstance(node, ast.Import):
-      imported.update(alias.name for alias in node.names)
-    elif isinstance(node, ast.ImportFrom):
-      imported.add(node.module or '')
-  assert not {name.split('.')[0] for name in imported} & {
-      'tensorflow', 'tensorflow_text'}

@@ -22,7 +22,8 @@ import os
 import numpy as np
 from etils import epath
 
-from realm_jax.data import corpus
+from realm_jax import errors, extras
+from realm_jax.data import corpus, example_arrays
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ class BlockStore:
 
   def token_ids(self, i: int) -> np.ndarray:
     offsets = self.arrays['token_offsets']
-    return self.arrays['token_ids'][offsets[i]:offsets[i + 1]]
+    return self.arrays['token_ids'][offsets[i]:offsets[i + 1]].astype(
+        np.int32)
 
   def _text(self, blob: str, offsets: str, i: int) -> str:
     start, stop = self.arrays[offsets][i:i + 2]
@@ -85,8 +87,9 @@ def _read_shards(corpus_dir: str) -> dict[str, np.ndarray]:
     texts['titles'].append(block['title'])
     texts['bodies'].append(block['body'])
   arrays = {
-      'token_ids': (np.concatenate(token_ids).astype(np.int32) if token_ids
-                    else np.zeros(0, np.int32)),
+      # uint16 for BERT's vocabularies: half the bytes to map and carry.
+      'token_ids': example_arrays.compact(
+          np.concatenate(token_ids) if token_ids else np.zeros(0, np.int32)),
       'token_offsets': np.concatenate([[0], np.cumsum(token_lengths)]
                                       ).astype(np.int64),
       'title_lengths': np.asarray(title_lengths, np.int32)}
@@ -127,15 +130,26 @@ def open_store(corpus_dir: str) -> BlockStore:
   fingerprint = corpus.load_metadata(corpus_dir)['corpus_fingerprint']
   local = '://' not in corpus_dir
   directory = epath.Path(corpus_dir) / f'{PREFIX}{fingerprint[:16]}'
+  damaged = None
   if local and directory.is_dir():
     try:
       return BlockStore({name: np.load(os.fspath(directory / f'{name}.npy'),
                                        mmap_mode='r') for name in ARRAYS})
     except (OSError, ValueError) as error:  # Damaged: read the shards.
-      log.warning('%s is unreadable (%s); reading the corpus shards.',
-                  directory, error)
-      _remove(directory)
-  arrays = _read_shards(corpus_dir)
+      damaged = error
+  try:
+    arrays = _read_shards(corpus_dir)
+  except extras.MissingExtra as error:
+    if damaged is None:
+      raise
+    # Without TensorFlow the store is the corpus's only readable copy.
+    raise errors.BadInput(
+        f'{directory} is unreadable ({damaged}), and rebuilding it from the '
+        'shards needs TensorFlow: copy the block store again.') from error
+  if damaged is not None:
+    log.warning('%s was unreadable (%s); rebuilt from the corpus shards.',
+                directory, damaged)
+    _remove(directory)
   if local:
     try:
       _write(directory, arrays)

@@ -144,7 +144,7 @@ class SentenceSplitter:
   """spaCy's rule-based sentencizer: fast, no model weights."""
 
   def __init__(self):
-    import spacy  # pylint: disable=g-import-not-at-top
+    spacy = extras.require('spacy', 'Splitting text into sentences')
     self._nlp = spacy.blank('en')
     self._nlp.add_pipe('sentencizer')
 

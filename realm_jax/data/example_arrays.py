@@ -3,8 +3,9 @@
 The seqio tasks tokenize, mask and cut examples with TensorFlow ops. Written
 once (`realm-jax data export`, `training.input_pipeline.export`), the same
 examples are one .npy file per feature, [count, *shape] at the shapes of the
-run that reads them (uint16 where every value fits, as wordpiece ids of
-BERT's vocabularies do: half the bytes to carry; read back as int32),
+run that reads them (uint8 or uint16 where every value fits, as wordpiece
+ids of BERT's vocabularies do: a half or a quarter of the bytes to carry;
+read back as int32),
 beside `metadata.json`: the task, split and
 preprocessing seed, the shapes, the vocabulary's and the corpus's
 fingerprints (a reader refuses arrays made from another of either, naming
@@ -83,7 +84,7 @@ def write(output: epath.Path, examples: Iterable[dict],
   count = len(next(iter(columns.values()))) if columns else 0
   if not count:
     raise errors.BadInput(f'No example to write to {output}.')
-  arrays = {name: _compact(np.stack(rows)) for name, rows in columns.items()}
+  arrays = {name: compact(np.stack(rows)) for name, rows in columns.items()}
   metadata = {**metadata, 'count': count,
               'shapes': {name: list(shape) for name, shape in shapes.items()},
               'strings': list(strings), 'fingerprint': fingerprint(arrays)}
@@ -102,10 +103,15 @@ def write(output: epath.Path, examples: Iterable[dict],
   return metadata
 
 
-def _compact(values: np.ndarray) -> np.ndarray:
-  """uint16 where every value fits, else as it is."""
-  fits = not values.size or 0 <= values.min() <= values.max() <= 0xFFFF
-  return values.astype(np.uint16) if fits else values
+def compact(values: np.ndarray) -> np.ndarray:
+  """uint8 or uint16, the smallest where every value fits, else as it is."""
+  if values.size and values.min() < 0:
+    return values
+  top = values.max() if values.size else 0
+  for dtype in (np.uint8, np.uint16):
+    if top <= np.iinfo(dtype).max:
+      return values.astype(dtype)
+  return values
 
 
 def _text(value):
@@ -200,7 +206,7 @@ def order(count: int, seed: int, shuffle: bool, start: int, stop: int
   return out
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)  # This epoch's and the next.
 def _permutation(count: int, seed: int, epoch: int) -> np.ndarray:
   return np.random.default_rng([seed, epoch]).permutation(count)
 
@@ -212,11 +218,12 @@ def batches(examples: ExampleArrays, shapes: dict, batch_size: int,
             drop_remainder: bool = True) -> Iterator[dict[str, np.ndarray]]:
   """This process's rows of each global batch, from batch `skip_batches` on."""
   if batch_size % process_count:
-    raise ValueError(f'batch_size={batch_size} must divide over the '
-                     f'{process_count} processes.')
+    raise errors.BadConfig(f'batch_size={batch_size} must divide over the '
+                           f'{process_count} processes.')
   if not drop_remainder and process_count > 1:
-    raise ValueError('drop_remainder=False needs a single process: short '
-                     'last batches of several processes do not line up.')
+    raise errors.BadConfig('drop_remainder=False needs a single process: '
+                           'short last batches of several processes do not '
+                           'line up.')
   end = None if num_epochs is None else num_epochs * examples.count
   rows = batch_size // process_count
   batch = skip_batches

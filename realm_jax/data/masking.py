@@ -15,7 +15,6 @@ block id is the trivial candidate to exclude from retrieval.
 
 import tensorflow as tf
 
-from realm_jax.data.task_names import EVERY_SPAN, MASKINGS
 from realm_jax.data.tokenization import WordPieceTokenizer
 
 MASK_RATE = 0.15

@@ -34,8 +34,8 @@ def held_out_queries(corpus_name: str, shapes: dict) -> int:
                                        'validation', shapes)
   if count is not None:
     return count
-  from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   tf = corpus.tensorflow()
+  from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   path = os.path.join(corpus.corpus_dir(corpus_name),
                       salient_spans.ANNOTATED_DIR, 'validation.tfrecord')
   return sum(int(tf.size(block['span_starts'])) for block in

@@ -17,6 +17,8 @@ import gin
 import numpy as np
 from etils import epath
 
+from realm_jax import extras
+
 _MIN_DOCS_FOR_HASHING = 2_048  # Below this, k-means codebooks are not worth it.
 
 
@@ -73,6 +75,8 @@ class ScannSearcher:
     invalidates; they are re-pointed into a local copy of `directory`
     (ScaNN reads local files only).
     """
+    extras.require('scann', f'The ScaNN index in {directory}',
+                   'build the run\'s index with --searcher=exact')
     from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
     source = epath.Path(directory)
     num_docs = int((source / 'num_docs').read_text())
@@ -92,7 +96,7 @@ def build_scann(embeddings, num_leaves: int = 0, num_leaves_to_search: int = 0,
                 dims_per_block: int = 2, reorder: int = 1000,
                 max_k: int = 64) -> ScannSearcher:
   """Builds the index (see the module docstring for the parameters)."""
-  import scann  # pylint: disable=g-import-not-at-top
+  scann = extras.require('scann', 'A ScaNN index', 'use --searcher=exact')
   embeddings = np.asarray(embeddings, np.float32)
   num_docs = len(embeddings)
   builder = scann.scann_ops_pybind.builder(embeddings, max_k, 'dot_product')

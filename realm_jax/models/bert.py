@@ -28,15 +28,18 @@ def _dtype(value) -> jnp.dtype:
 
 
 def contract(spec: str, a, b, dtype):
-  """jnp.einsum(spec, a, b) multiplied in `dtype`, accumulated and returned in
-  float32, its backward pass likewise.
+  """jnp.einsum(spec, a, b) on operands rounded to `dtype`, accumulated and
+  returned in float32; in the backward pass likewise, each gradient
+  returned in its operand's own dtype.
 
   Every product of the model goes through here. A bfloat16 x bfloat16 ->
   float32 product is what accelerators compute anyway, and XLA:CPU runs it
-  natively on AVX512_BF16 at twice its float32 rate; a bfloat16 result, or
-  the float32 cotangent autodiff would send back, makes it a float32 matmul.
+  on AVX512_BF16 at about twice its float32 rate; a bfloat16 result, or
+  the float32 cotangent autodiff would send back, makes it a float32
+  matmul. A float32 kernel's gradient is the float32 sum, never rounded to
+  bfloat16.
   """
-  return _contract(spec, a.astype(dtype), b.astype(dtype))
+  return _contract(spec, jnp.dtype(dtype).name, a, b)
 
 
 def _batched(spec: str) -> bool:
@@ -46,8 +49,8 @@ def _batched(spec: str) -> bool:
   return bool(set(a) & set(b) & set(out))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _contract(spec, a, b):
+def _product(spec: str, a, b):
+  """float32 einsum of two operands of one dtype."""
   if a.dtype != jnp.float32 and _batched(spec) and (
       jax.default_backend() == 'cpu'):
     # XLA:CPU (jax 0.10) has no bfloat16 x bfloat16 -> float32 kernel for
@@ -57,19 +60,28 @@ def _contract(spec, a, b):
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 
 
-def _contract_fwd(spec, a, b):
-  return _contract(spec, a, b), (a, b)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _contract(spec, dtype, a, b):
+  return _product(spec, a.astype(dtype), b.astype(dtype))
 
 
-def _contract_bwd(spec, residuals, cotangent):
-  """The two transposed products, on the cotangent cast to the operands'
-  dtype (exact where the result was cast to it)."""
-  a, b = residuals
+def _contract_fwd(spec, dtype, a, b):
+  low_a, low_b = a.astype(dtype), b.astype(dtype)
+  # Empty arrays carry the operands' dtypes to the backward pass.
+  return _product(spec, low_a, low_b), (low_a, low_b, jnp.zeros(0, a.dtype),
+                                        jnp.zeros(0, b.dtype))
+
+
+def _contract_bwd(spec, dtype, residuals, cotangent):
+  """The two transposed products, on the cotangent rounded to `dtype`."""
+  low_a, low_b, like_a, like_b = residuals
   operands, out = spec.split('->')
   a_spec, b_spec = operands.split(',')
-  cotangent = cotangent.astype(a.dtype)
-  return (_contract(f'{out},{b_spec}->{a_spec}', cotangent, b).astype(a.dtype),
-          _contract(f'{a_spec},{out}->{b_spec}', a, cotangent).astype(b.dtype))
+  cotangent = cotangent.astype(dtype)
+  return (_product(f'{out},{b_spec}->{a_spec}', cotangent,
+                   low_b).astype(like_a.dtype),
+          _product(f'{a_spec},{out}->{b_spec}', low_a,
+                   cotangent).astype(like_b.dtype))
 
 
 _contract.defvjp(_contract_fwd, _contract_bwd)

@@ -19,6 +19,7 @@ import gin
 import numpy as np
 from etils import epath
 
+from realm_jax import extras
 from realm_jax.errors import WeightImportError
 from realm_jax.models.bert import ACTIVATIONS, BertConfig
 
@@ -162,7 +163,8 @@ def _safetensors_source(path: str) -> _Source:
 
 
 def _tf_checkpoint_source(prefix: str) -> _Source:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = extras.require('tensorflow', f'The TF checkpoint {prefix}',
+                      'convert it to safetensors')
   reader = tf.train.load_checkpoint(prefix)
   shapes = {n: tuple(s) for n, s in reader.get_variable_to_shape_map().items()}
   return _Source(prefix, shapes, reader.get_tensor, _IGNORED_TF,

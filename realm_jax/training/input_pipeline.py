@@ -44,10 +44,17 @@ class Examples:
                              f'{SOURCES}.')
     self.source, self.arrays_dir = source, arrays_dir
 
-  def position(self) -> dict:
-    """What a checkpoint's data position adds: another source reads the
-    examples in another order."""
-    return {} if self.source == 'seqio' else {'source': self.source}
+  def position(self, task: str, data_shards: int) -> dict:
+    """What, besides the task, seed and batch size, decides which examples a
+    training run reads in which order: seqio's shards; else the source and
+    the arrays' own fingerprint (arrays exported again may hold other
+    examples), whatever the number of processes."""
+    if self.source == 'seqio':
+      return {'data_shards': data_shards}
+    metadata = example_arrays.ExampleArrays(example_arrays.directory(
+        task, 'train', self.arrays_dir)).metadata
+    return {'source': self.source,
+            'arrays_fingerprint': metadata['fingerprint']}
 
   def open_arrays(self, task: str, split: str, shapes: dict
                   ) -> example_arrays.ExampleArrays:

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from realm_jax import errors
+
 _NO_DECAY = ('bias', 'scale', 'output_bias')
 
 
@@ -16,8 +18,9 @@ def bert_schedule(learning_rate: float, warmup_steps: int,
                   total_steps: int) -> optax.Schedule:
   """0 -> learning_rate over warmup_steps, then linearly to 0 at total_steps."""
   if not 0 <= warmup_steps < total_steps:
-    raise ValueError(f'warmup_steps={warmup_steps} must be in '
-                     f'[0, total_steps={total_steps}).')
+    raise errors.BadConfig(
+        f'bert_adamw.warmup_steps={warmup_steps} must be in [0, '
+        f'train.num_steps={total_steps}): give fewer warm-up steps.')
   return optax.join_schedules([
       optax.linear_schedule(0.0, learning_rate, warmup_steps),
       optax.linear_schedule(learning_rate, 0.0, total_steps - warmup_steps),

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import gin
 
-from realm_jax import errors
+from realm_jax import errors, extras
 from realm_jax.data import open_qa, task_names
 from realm_jax.models import losses
 from realm_jax.models.reader import check_answer_rule
@@ -263,6 +263,7 @@ class Finetune(RunKind):
                              'Finetune.qa_file match: bind a qa_file too.')
     task, eval_split = benchmark, 'test'
     self.regex = qa_regex if qa_file else benchmark in open_qa.REGEX_ANSWERS
+    self.qa_file = qa_file
     if qa_file:
       task = qa_file_task(qa_file, qa_regex)
       eval_split = 'validation'
@@ -293,6 +294,9 @@ class Finetune(RunKind):
   def example_splits(self):
     # Questions, not corpus blocks; the test split (every question of a
     # file) with its texts, which `realm-jax eval` scores.
+    if self.qa_file:  # Exported from seqio, whichever source reads it later.
+      from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
+      open_qa_tasks.register_qa_file(self.qa_file, self.regex)
     splits = {split: ExampleSplit(self.task, split, self.shapes)
               for split in ('train', self.eval_split)}
     splits['test'] = ExampleSplit(self.task, 'test', self.shapes,
@@ -309,6 +313,9 @@ def qa_file_task(path: str, regex: bool) -> str:
   """The task of an Open-QA file: registered with seqio where examples come
   from seqio; else its name alone, under which its arrays were exported."""
   if input_pipeline.Examples().source == 'seqio':
+    extras.require('seqio', 'A QA file read as a seqio task',
+                   "export its arrays where TensorFlow is (realm-jax data "
+                   "export) and read them (Examples.source = 'arrays')")
     from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
     return open_qa_tasks.register_qa_file(path, regex)
   return open_qa.qa_file_task_name(path, regex)

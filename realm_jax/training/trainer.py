@@ -235,10 +235,8 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
     preparer = run.batch_preparer(model_dir, mesh)
     checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
     data_shards = data_shards or jax.process_count()
-    # Shards (of seqio) and the source decide the order.
     position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
-                'data_shards': data_shards,
-                **input_pipeline.Examples().position()}
+                **input_pipeline.Examples().position(run.task, data_shards)}
     resumed = checkpoints.restore_newest(trainer.abstract_state)
     warm_index = None
     if resumed is None:
