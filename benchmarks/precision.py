@@ -5,9 +5,9 @@
 The step is the trainer's own (forward, backward, AdamW) as `make demo`
 pre-trains: gin/runs/pretrain.gin under gin/setups/demo.gin, batch 8, both
 BERTs and the towers MiniLM-L6 cut to 2 layers, fed random wordpieces
-(retrieval runs on the host before the step), under the policy of
-gin/setups/bf16.gin (the demo's since it was measured here) and in float32
-(cpu_demo.gin's), the compute dtype bound over the setup. Both start from
+(retrieval runs on the host before the step), in float32 (the demo's,
+cpu_demo.gin) and under the policy of gin/setups/bf16.gin, the compute
+dtype bound over the setup. Both start from
 the same state, so their first losses differ by the precision alone. The
 steps of the two alternate, so a load beside the benchmark slows both alike.
 Writes benchmarks/results/precision.json. A CPU benchmark, for the demo's

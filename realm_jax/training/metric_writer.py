@@ -11,6 +11,7 @@ that training machines need neither TensorFlow nor clu.
 """
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import jax
 from etils import epath
 
 log = logging.getLogger(__name__)
+_WRITERS = itertools.count()
 
 
 class JsonlWriter:
@@ -117,13 +119,13 @@ class EventFileWriter:
   def __init__(self, logdir: str):
     directory = epath.Path(logdir)
     directory.mkdir(parents=True, exist_ok=True)
+    # A file of its own per writer (its pid and number: two in one second),
+    # never appended to: gs:// objects cannot be.
     name = (f'events.out.tfevents.{int(time.time()):010d}.'
-            f'{socket.gethostname()}')
+            f'{socket.gethostname()}.{os.getpid()}.{next(_WRITERS)}')
     self.path = str(directory / name)
     self._open = contextlib.ExitStack()
-    # Appends: a writer opened in the same second continues the file, and
-    # a reader takes a second file_version record in stride.
-    self._file = self._open.enter_context(epath.Path(self.path).open('ab'))
+    self._file = self._open.enter_context(epath.Path(self.path).open('wb'))
     self._file.write(_record(_event(0, _FILE_VERSION, b'brain.Event:2')))
 
   def write_scalars(self, step, scalars):
