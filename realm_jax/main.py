@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -83,13 +84,16 @@ def _parser() -> argparse.ArgumentParser:
   demo.add_argument('--work_dir', default=None,
                     help='Every run, index and result (default: '
                     'runs/<preset>).')
-  demo.add_argument('--preset', choices=('demo', 'reproduce', 'end_to_end'),
+  demo.add_argument('--preset', choices=('demo', 'reproduce', 'end_to_end',
+                                         'world'),
                     default='demo',
                     help='demo: the two core checks (20 minutes on 2 cores); '
                     'reproduce: the miniature Table 2 (90 minutes); '
                     'end_to_end: the demo, then NQ fine-tuning with the '
                     'document tower frozen and trained (--work_dir=runs/demo '
-                    'reuses the demo\'s stages).')
+                    'reuses the demo\'s stages); world: REALM\'s four claims '
+                    'in a controlled knowledge world, where each fact is in '
+                    'one document (10 minutes).')
 
   data = command('data', help='Build and annotate corpora.')
   steps = data.add_subparsers(dest='step', required=True)
@@ -127,6 +131,18 @@ def _parser() -> argparse.ArgumentParser:
   export.add_argument('--output_dir', default=None,
                       help='The arrays\' root (default $REALM_ARRAYS_DIR, '
                       'else runs/arrays).')
+
+  world = step(
+      'world', help='Write a controlled knowledge world (realm_jax/data/'
+      'world.py) as the corpus $REALM_CORPUS_DIR/world and its query '
+      'arrays under $REALM_ARRAYS_DIR, at the shapes of '
+      'gin/setups/world.gin: what `demo --preset=world` trains on.')
+  from realm_jax.data import world as world_lib  # pylint: disable=g-import-not-at-top
+  for field in dataclasses.fields(world_lib.WorldSpec):
+    kind = field.type if field.type in (int, float) else str
+    world.add_argument(f'--{field.name}', type=kind, default=None,
+                       help=f'default {field.default!r}' + (
+                           ' (comma-separated)' if kind is str else ''))
 
   def add_gin(command, default_gin):
     command.add_argument('--gin_file', action='append', default=None,
@@ -529,8 +545,13 @@ def _search(args) -> None:
 
 
 def _demo(args) -> None:
+  work_dir = args.work_dir or os.path.join('runs', args.preset)
+  if args.preset == 'world':
+    from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
+    world_demo.run(work_dir, args.preset)
+    return
   from realm_jax import demo  # pylint: disable=g-import-not-at-top
-  demo.run(args.work_dir or os.path.join('runs', args.preset), args.preset)
+  demo.run(work_dir, args.preset)
 
 
 def _gin_flags(argv):
@@ -665,6 +686,17 @@ def _data(args) -> None:
           split.task, split.split, split.shapes, configured.seed,
           args.output_dir, split.corpus_name, split.strings, split.metadata)
       print(f'{split.task} {split.split}: {written["count"]:,} examples')
+  elif args.step == 'world':
+    from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import world  # pylint: disable=g-import-not-at-top
+    given = {f.name: getattr(args, f.name)
+             for f in dataclasses.fields(world.WorldSpec)
+             if getattr(args, f.name) is not None}
+    if 'attributes' in given:
+      given['attributes'] = tuple(a for a in given['attributes'].split(',')
+                                  if a)
+    made = world_demo.make_world(world.WorldSpec(**given))
+    print(f'{made["blocks"]:,} documents in {made["corpus_dir"]}')
   elif args.step == 'annotate':
     from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
     salient_spans.annotate_corpus(

@@ -71,26 +71,32 @@ def _query_key(examples, row) -> str:
 
 def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
              gin_files=(), gin_bindings=(), batch_size: int = 32,
-             step: int | None = None, max_queries: int | None = None) -> dict:
-  """Scores every held-out query with the index of the evaluated step.
+             step: int | None = None, max_queries: int | None = None,
+             task: str | None = None) -> dict:
+  """Scores every held-out query (or those of `task`'s validation split)
+  with the index of the evaluated step.
 
-  Writes output_dir/<name>_queries.jsonl (one row per query: its key and
-  TERMS) and <name>_metrics.json, and returns the metrics: masked-token
-  accuracy, -log p(y|x) and retrieval_utility per masked token.
+  Writes output_dir/<name>_queries.jsonl (one row per query: its key,
+  TERMS, p(null|x), and its first retrieved block) and <name>_metrics.json,
+  and returns the metrics: masked-token accuracy, -log p(y|x) and
+  retrieval_utility per masked token.
   """
   restored = RestoredRun(model_dir, step, gin_files, gin_bindings,
                          reader='Pretrain')
   run = restored.run
   preparer = run.batch_preparer(restored.model_dir, restored.mesh)
   preparer.retrieval.index_at(restored.step, restored.params['retriever'])
+  preparer.keep_candidate_ids = True
   per_example = jax.jit(run.objective.per_example)
   rows = []
-  total = held_out_queries(run.corpus_name, run.shapes)
+  task = task or task_names.held_out(run.corpus_name)
+  total = (input_pipeline.example_count(task, 'validation', run.shapes)
+           or held_out_queries(run.corpus_name, run.shapes))
   progress = Progress(f'masked LM {name}', min(total, max_queries or total),
                       unit='queries', every_s=15)
+  first = int(preparer.null_document)  # The first retrieved block's column.
   for examples in input_pipeline.batches(
-      task_names.held_out(run.corpus_name), 'validation', run.shapes,
-      batch_size,
+      task, 'validation', run.shapes, batch_size,
       shuffle=False, num_epochs=1, drop_remainder=False):
     count = len(examples['block_id'])
     # One shape for every batch: zero rows (no masked token) pad the last.
@@ -98,6 +104,7 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
         (batch_size - count, *v.shape[1:]), v.dtype)])
               for k, v in examples.items()}
     inputs, _ = preparer.prepare(padded, restored.params, restored.step)
+    ids = inputs.pop('candidate_ids')
     terms = jax.device_get(per_example(
         restored.params, partitioning.global_batch(inputs, restored.mesh)))
     retrieved = span_retrieved(inputs['candidates']['token_ids'],
@@ -106,6 +113,10 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
       rows.append({'key': _query_key(examples, row),
                    'block_id': int(examples['block_id'][row]),
                    'span_retrieved': bool(retrieved[row]),
+                   'top1_block_id': (int(ids[row, first])
+                                     if ids.shape[1] > first else None),
+                   'p_null': (float(terms['p_z'][row, 0])
+                              if preparer.null_document else None),
                    **{t: float(terms[t][row]) for t in TERMS}})
     progress.update(count)
     if max_queries and len(rows) >= max_queries:

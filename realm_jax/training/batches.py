@@ -129,7 +129,12 @@ class _RetrievingBatches(BatchPreparer):
 class MaskedLmBatches(_RetrievingBatches):
   """REALM pre-training: masked queries, the null document and the top-k.
 
-  `source_block_rate`: see `run_kinds.Pretrain`.
+  `source_block_rate`: see `run_kinds.Pretrain`. Where the query's own
+  block is not excluded (a query that is no sentence of the corpus, whose
+  `block_id` names the block holding its answer: `data.world`), the host
+  metrics hold `source_block_top1`, the share of the batch whose first
+  retrieved block is that one. `keep_candidate_ids` adds each query's
+  candidate ids [B, k] to the inputs as 'candidate_ids' (for evaluation).
   """
 
   def __init__(self, model_dir: str, mesh, objective: MarginalMaskedLm,
@@ -138,6 +143,8 @@ class MaskedLmBatches(_RetrievingBatches):
     super().__init__(model_dir, mesh, objective, task, corpus_name,
                      null_document, exclude_source, refreshed=True)
     self.source_block_rate = source_block_rate
+    self.null_document, self.exclude_source = null_document, exclude_source
+    self.keep_candidate_ids = False
 
   def dispatch_prepare(self, examples, params, step):
     query = self.query(examples)
@@ -161,12 +168,21 @@ class MaskedLmBatches(_RetrievingBatches):
     host_metrics = {'index_staleness': self.retrieval.client.staleness(step)}
 
     def host_part():
-      blocks, mask, _ = retrieved()
+      blocks, mask, ids = retrieved()
       targets = np.asarray(examples['mlm_targets'], np.int32)
-      return {'query': query, 'candidates': blocks, 'candidate_mask': mask,
-              'mlm_positions': np.asarray(examples['mlm_positions'], np.int32),
-              'mlm_targets': targets,
-              'mlm_mask': (targets != 0).astype(np.int32)}, host_metrics
+      first = int(self.null_document)  # The null document comes first.
+      if (not self.exclude_source and not self.source_block_rate
+          and ids.shape[1] > first):
+        host_metrics['source_block_top1'] = float(np.mean(
+            ids[:, first] == np.asarray(examples['block_id'])))
+      inputs = {'query': query, 'candidates': blocks, 'candidate_mask': mask,
+                'mlm_positions': np.asarray(examples['mlm_positions'],
+                                            np.int32),
+                'mlm_targets': targets,
+                'mlm_mask': (targets != 0).astype(np.int32)}
+      if self.keep_candidate_ids:
+        inputs['candidate_ids'] = np.asarray(ids)
+      return inputs, host_metrics
     return host_part
 
 

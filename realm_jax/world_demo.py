@@ -1,0 +1,486 @@
+"""`realm-jax demo --preset=world`: REALM's claims in a controlled world.
+
+On the real miniature no comparison leaves its noise (docs/RESULTS.md). In
+the knowledge world of `data.world` each fact is in exactly one document,
+so the four claims of the paper can be shown on 2 cores, through the real
+trainer, the index builder as a separate process and the living corpus:
+
+1. the retriever learns from the masked-LM signal alone: REALM against the
+   same run with its towers frozen at their start;
+2. a fresh index beats a stale one: against the index re-embedded 30x
+   less often;
+3. retrieval fills in facts never trained on: held-out people's facts,
+   against the no-retrieval baseline and the value prior;
+4. changing the corpus changes the answers with no training step: held-out
+   documents edited by `corpus remove` and `corpus add`, the index synced.
+
+Stages, each a marker in work_dir/stages as in the demo:
+- world: the corpus and query arrays (`world.write`);
+- ict: the Inverse Cloze Task warm start of both towers, on the world's
+  documents (the paper's retriever start; see `ICT_WHY`);
+- reader: the reader's warm start, reading each training query's own
+  document (see `READER_WHY`); the retriever is untouched by it;
+- pretrain_realm, pretrain_stale (index builder beside the trainer),
+  pretrain_frozen (towers frozen) and pretrain_baseline (null document
+  alone), all from the same two warm starts for the same steps;
+- scoring of the held-out queries, the people without a document, and
+  the edit check.
+The report is work_dir/RESULTS.md with results.json and world.png, and,
+from a source tree, docs/results/world.{md,json,png}.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+
+import gin
+import numpy as np
+from etils import epath
+
+from launch import local
+from realm_jax import errors
+from realm_jax.data import corpus, corpus_changes, example_arrays, world
+from realm_jax.data.tokenization import WordPieceTokenizer
+from realm_jax.evaluation import bootstrap, masked_lm
+from realm_jax.training import curves, run_loader, trainer
+
+SETUP = 'gin/setups/world.gin'
+CORPUS = 'world'
+STALE_FACTOR = 30
+ICT_WHY = (
+    "ICT's pseudo-queries are the documents' own sentences, which name the "
+    'person by first name alone (but the first): it teaches the towers to '
+    'match names, not which of the people who share a first name a query '
+    'is about. With random towers, the first retrieved block is the right '
+    'one for 1% of queries and no signal reaches the retriever.')
+READER_WHY = (
+    'The paper starts its reader from BERT, which already reads. A small '
+    'BERT trained from nothing copies a value out of a block only after '
+    'many steps; the warm start teaches it on the training queries with '
+    'their own document (the trivial candidate REALM excludes), which '
+    'leaves the retriever untouched and tells it nothing about held-out '
+    'people.')
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldPreset:
+  """The world and the steps of each stage; other settings are gin's."""
+  spec: world.WorldSpec
+  ict_steps: int
+  reader_steps: int
+  pretrain_steps: int
+  refresh_interval: int
+  batch_size: int = 16
+  ablations: bool = True  # The stale and frozen runs.
+
+
+PRESETS = {
+    'world': WorldPreset(world.WorldSpec(), ict_steps=200, reader_steps=600,
+                         pretrain_steps=300, refresh_interval=5),
+}
+
+
+def _train(model_dir: str, run: str, *flags: str) -> None:
+  """`realm-jax train` in this process, with the world's setup."""
+  run_loader.configure(
+      [f'gin/runs/{run}.gin', SETUP],
+      [flag[len('--gin.'):].replace('=', ' = ', 1) for flag in flags])
+  trainer.train(model_dir)
+
+
+def make_world(spec: world.WorldSpec) -> dict:
+  """The world's corpus and arrays, at the shapes the setup's runs read."""
+  run_loader.configure(['gin/runs/pretrain.gin', SETUP], [])
+  metadata = world.write(
+      world.World(spec), CORPUS, gin.query_parameter('Pretrain.query_length'),
+      gin.query_parameter('Pretrain.max_masked'),
+      gin.query_parameter('%BLOCK_LENGTH'))
+  return {'corpus_dir': corpus.corpus_dir(CORPUS),
+          'blocks': metadata['num_blocks'],
+          'mean_block_length': metadata['mean_length'],
+          'corpus_fingerprint': metadata['corpus_fingerprint']}
+
+
+def train_ict(model_dir: str, sizes: WorldPreset) -> None:
+  _train(model_dir, 'ict', f'--gin.train.num_steps={sizes.ict_steps}',
+         f'--gin.train.checkpoint_every={sizes.ict_steps}',
+         '--gin.train.batch_size=64',
+         f'--gin.bert_adamw.warmup_steps={max(sizes.ict_steps // 10, 1)}')
+
+
+def train_reader(model_dir: str, sizes: WorldPreset) -> None:
+  _train(model_dir, 'pretrain', f'--gin.train.num_steps={sizes.reader_steps}',
+         f'--gin.train.checkpoint_every={sizes.reader_steps}',
+         '--gin.train.batch_size=32', '--gin.Pretrain.num_candidates=1',
+         '--gin.Pretrain.source_block_rate=1.0')
+
+
+def pretrain(model_dir: str, ict_dir: str, reader_dir: str,
+             sizes: WorldPreset, *bindings: str,
+             with_refresh: bool = True) -> dict:
+  """REALM from the two warm starts; with `with_refresh`, the index builder
+  beside the trainer re-embeds a checkpoint every `refresh_interval` steps
+  (`bindings`: the ablations)."""
+  interval = sizes.refresh_interval
+  flags = [f'--gin.train.num_steps={sizes.pretrain_steps}',
+           f'--gin.train.batch_size={sizes.batch_size}',
+           '--gin.train.log_every=1',
+           f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
+           f'--gin.Pretrain.reader_model_dir="{reader_dir}"',
+           f'--gin.train.checkpoint_every={interval}',
+           f'--gin.run_refresh.refresh_interval_steps={interval}',
+           *(f'--gin.{b}' for b in bindings)]
+  if with_refresh:
+    local.run(model_dir,
+              train_args=['--gin_file=gin/runs/pretrain.gin',
+                          f'--gin_file={SETUP}', *flags],
+              refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=0.5',
+                            f'--corpus_dir={corpus.corpus_dir(CORPUS)}',
+                            *(f for f in flags if 'run_refresh' in f)],
+              refresh_timeout=300)
+  else:
+    _train(model_dir, 'pretrain', *flags)
+  _, staleness = curves.read_metrics(os.path.join(
+      model_dir, 'train_metrics.jsonl')).get('index_staleness', ([], []))
+  return {'mean_index_staleness': (sum(staleness) / len(staleness)
+                                   if staleness else None)}
+
+
+def score(model_dir: str, eval_dir: str, name: str,
+          task: str | None = None) -> dict:
+  metrics = masked_lm.evaluate(model_dir, eval_dir, name, task=task)
+  rows = masked_lm.read_queries(eval_dir, name)
+  return {**metrics, 'recall@1': _mean(_hits(rows)),
+          'p_null': _mean([r['p_null'] for r in rows
+                           if r['p_null'] is not None])}
+
+
+def _hits(rows: list[dict]) -> list[float]:
+  """Whether each query's first retrieved block is its person's document."""
+  return [float(r['top1_block_id'] is not None
+                and r['top1_block_id'] == r['block_id']) for r in rows]
+
+
+def _mean(values) -> float | None:
+  return float(np.mean(values)) if len(values) else None
+
+
+def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
+  """Each edited person's document replaced (`corpus remove`, then `corpus
+  add`, the index synced by embedding the new blocks alone), then their
+  edited facts asked with the new values and with the old ones as
+  targets. No training step runs."""
+  from realm_jax.index import corpus_sync  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import batches  # pylint: disable=g-import-not-at-top
+  the_world = world.World(sizes.spec)
+  edits = the_world.edits()
+  people = {p.name: p for p in the_world.people}
+  directory = corpus.corpus_dir(CORPUS)
+  loaded = run_loader.load_run(model_dir)
+  tokenizer = batches.task_tokenizer()
+  with tempfile.TemporaryDirectory() as tmp:
+    titles, articles = (os.path.join(tmp, n) for n in ('titles.txt',
+                                                       'edited.jsonl'))
+    epath.Path(titles).write_text(''.join(f'{n}\n' for n in edits))
+    epath.Path(articles).write_text(''.join(
+        json.dumps(the_world.document(people[n], {**people[n].facts,
+                                                   **facts})) + '\n'
+        for n, facts in edits.items()))
+    _, removed = corpus_changes.remove_titles(directory, titles)
+    _, added = corpus_changes.add_articles(directory, tokenizer, [articles])
+  synced = corpus_sync.sync_index(model_dir, directory,
+                                  loaded.run.retriever())
+  block_ids = dict(zip(edits, added))
+  old = {n: {a: people[n].facts[a] for a in facts}
+         for n, facts in edits.items()}
+  shapes = loaded.run.shapes
+  for task, facts in ((world.edited_task(CORPUS), edits),
+                      (world.edited_task(CORPUS) + '_old', old)):
+    world.write_queries(the_world, CORPUS, tokenizer, block_ids,
+                        shapes['query_token_ids'][0],
+                        shapes['mlm_targets'][0], edits=facts, task=task)
+  new_value = score(model_dir, eval_dir, 'edited_new',
+                    world.edited_task(CORPUS))
+  old_value = score(model_dir, eval_dir, 'edited_old',
+                    world.edited_task(CORPUS) + '_old')
+  return {'people_edited': len(edits), 'blocks_removed': len(removed),
+          'blocks_added': len(added),
+          'index_sync_seconds': synced['synced_from']['seconds'],
+          'answered_new_value': new_value['masked_token_accuracy'],
+          'answered_old_value': old_value['masked_token_accuracy'],
+          'recall@1_new_document': new_value['recall@1'],
+          'model_step': new_value['step']}
+
+
+def run(work_dir: str = 'runs/world', preset: str = 'world',
+        docs_dir: str | None = None) -> dict:
+  """Every stage in order; returns (and writes) the results."""
+  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  if preset not in PRESETS:
+    raise errors.BadConfig(f'preset={preset!r}; expected one of '
+                           f'{sorted(PRESETS)}.')
+  sizes = PRESETS[preset]
+  work_dir = os.path.abspath(work_dir)
+  # The world's corpus and arrays live in the work_dir, not beside the
+  # demo's (the index builder's process inherits these).
+  os.environ[corpus.CORPUS_ROOT_ENV] = os.path.join(work_dir, 'corpora')
+  os.environ[example_arrays.ROOT_ENV] = os.path.join(work_dir, 'arrays')
+  stages = demo.Stages(work_dir)
+  d = lambda name: os.path.join(work_dir, name)
+  results = {'preset': preset, 'spec': dataclasses.asdict(sizes.spec),
+             'sizes': {k: v for k, v in dataclasses.asdict(sizes).items()
+                       if k != 'spec'}}
+  timings = {}
+
+  def stage(name, fn, *args, **kwargs):
+    record = stages.run(name, lambda: fn(*args, **kwargs))
+    timings[name] = record['seconds']
+    return record
+
+  results['world'] = stage('world', make_world, sizes.spec)
+  results['machine'] = stages.run('machine', demo.machine)
+  stage('ict', train_ict, d('ict'), sizes)
+  stage('reader', train_reader, d('reader'), sizes)
+  runs = {'realm': ((), True), 'baseline': (('Pretrain.num_candidates=1',),
+                                            False)}
+  if sizes.ablations:
+    runs['stale'] = ((f'run_refresh.stale_factor={STALE_FACTOR}',), True)
+    runs['frozen'] = ((f'bert_adamw.retriever_frozen_steps='
+                       f'{sizes.pretrain_steps}',), False)
+  for name, (bindings, refresh) in runs.items():
+    results[f'pretrain_{name}'] = stage(
+        f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
+        *bindings, with_refresh=refresh)
+  results['held_out'] = {
+      name: stage(f'score_{name}', score, d(name), d('eval'), name)
+      for name in runs}
+  results['no_document'] = stage(
+      'score_no_document', score, d('realm'), d('eval'), 'no_document',
+      world.no_document_task(CORPUS))
+  results['edit'] = stage('edit', edit_check, sizes, d('realm'), d('eval'))
+  results['comparisons'] = comparisons(sizes, d('eval'), list(runs))
+  results['timings'] = timings
+  report(results, work_dir, docs_dir)
+  return results
+
+
+def prior_rows(spec: world.WorldSpec, rows: list[dict]) -> list[dict]:
+  """The value prior's answers to the held-out queries, in the arrays'
+  order (which `evaluate` keeps): right where the fact is the attribute's
+  most frequent training value."""
+  the_world = world.World(spec)
+  queries, prior = the_world.queries('held_out'), the_world.prior()
+  if len(queries) != len(rows):
+    raise ValueError(f'{len(rows)} scored rows for {len(queries)} held-out '
+                     'queries.')
+  return [{'key': r['key'], 'masked_tokens': 1.0,
+           'correct_tokens': float(q.value == prior[q.attribute]),
+           'log_likelihood': 0.0} for q, r in zip(queries, rows)]
+
+
+def comparisons(sizes: WorldPreset, eval_dir: str, names: list[str]) -> dict:
+  rows = {name: masked_lm.read_queries(eval_dir, name) for name in names}
+  rows['prior'] = prior_rows(sizes.spec, rows['realm'])
+  out = {f'realm_vs_{b}': masked_lm.compare(rows['realm'], rows[b])
+         for b in ('baseline', 'prior', 'stale', 'frozen') if b in rows}
+  out['baseline_vs_prior'] = masked_lm.compare(rows['baseline'],
+                                               rows['prior'])
+  for b in ('stale', 'frozen'):
+    if b in rows:
+      ones = np.ones(len(rows['realm']))
+      out[f'realm_vs_{b}']['recall@1'] = bootstrap.paired_interval(
+          np.array(_hits(rows['realm'])), np.array(_hits(rows[b])), ones,
+          scale=100)
+  no_doc = masked_lm.read_queries(eval_dir, 'no_document')
+  out['p_null'] = {
+      'no_document': _mean([r['p_null'] for r in no_doc]),
+      'with_document': _mean([r['p_null'] for r in rows['realm']]),
+      'interval': _unpaired([r['p_null'] for r in no_doc],
+                            [r['p_null'] for r in rows['realm']])}
+  return out
+
+
+def _unpaired(a, b, samples: int = bootstrap.SAMPLES) -> dict:
+  """mean(a) - mean(b) of two independent samples, a 95% bootstrap
+  interval resampling each."""
+  a, b = np.asarray(a, float), np.asarray(b, float)
+  rng = np.random.default_rng(0)
+  draws = (a[rng.integers(len(a), size=(samples, len(a)))].mean(1)
+           - b[rng.integers(len(b), size=(samples, len(b)))].mean(1))
+  low, high = np.percentile(draws, [2.5, 97.5])
+  return {'a': a.mean(), 'b': b.mean(), 'difference': a.mean() - b.mean(),
+          'low': float(low), 'high': float(high),
+          'excludes_zero': bool(low > 0 or high < 0)}
+
+
+GOALS = {'held_out_accuracy': 80.0, 'baseline_to_prior': 2.0,
+         'recall@1': 90.0, 'edited': 90.0}
+
+
+def _row(label: str, interval: dict | None, digits: int = 1) -> str:
+  if interval is None:
+    return f'| {label} | not run | | | |'
+  verdict = ('interval excludes 0' if interval['excludes_zero'] else
+             'inside the noise: interval includes 0')
+  f = lambda x: f'{x:.{digits}f}'
+  return (f'| {label} | {f(interval["a"])} | {f(interval["b"])} | '
+          f'{bootstrap.describe(interval, digits)} | {verdict} |')
+
+
+def _goal(label: str, value: float | None, goal: str, met: bool) -> str:
+  shown = '-' if value is None else f'{value:.1f}'
+  return f'| {label} | {shown} | {goal} | {"met" if met else "missed"} |'
+
+
+def markdown(results: dict) -> str:
+  c = results['comparisons']
+  spec, sizes, m = results['spec'], results['sizes'], results['machine']
+  held = results['held_out']
+  realm = held['realm']
+  accuracy = 100 * realm['masked_token_accuracy']
+  recall = 100 * realm['recall@1']
+  baseline_gap = abs(c['baseline_vs_prior']['masked_token_accuracy'][
+      'difference'])
+  edit = results['edit']
+  stale = c.get('realm_vs_stale')
+  frozen = c.get('realm_vs_frozen')
+  excludes = lambda i: bool(i and i['excludes_zero'] and i['difference'] > 0)
+  lines = [
+      '# realm-jax `world`: REALM in a controlled knowledge world', '',
+      f'Machine: {m["cpu"]}, {m["cores"]} cores, 2048^3 float32 matmul '
+      f'{m["matmul_2048_gflops"]} GFLOP/s in JAX. Whole preset: '
+      f'{sum(results["timings"].values()) / 60:.1f} minutes.', '',
+      f'The world (`realm_jax/data/world.py`, seed {spec["seed"]}): '
+      f'{spec["people"]:,} people with a document, '
+      f'{spec["held_out_share"]:.0%} of them held out (their documents are '
+      'in the corpus, their facts never queried in training), '
+      f'{spec["no_document"]} people without one; attributes '
+      f'{", ".join(spec["attributes"])}, {spec["values"]} values each, drawn '
+      'with skewed frequencies; first names shared by about '
+      f'{spec["people"] // spec["first_names"]} people each; each document '
+      f'names {spec["mentions"]} other person. Every BERT is 2 layers, 128 '
+      'wide, from random weights (gin/setups/world.gin).', '',
+      f'Stages: ICT {sizes["ict_steps"]} steps of batch 64; the reader\'s '
+      f'warm start {sizes["reader_steps"]} steps of batch 32; then REALM '
+      f'{sizes["pretrain_steps"]} steps of batch {sizes["batch_size"]}, '
+      'the null document and the top 3, the index builder beside the '
+      f'trainer re-embedding a checkpoint every {sizes["refresh_interval"]} '
+      f'steps (the stale run: every {sizes["refresh_interval"] * STALE_FACTOR}'
+      '). The baseline (the null document alone) and the frozen retriever '
+      'train for the same steps from the same warm starts.', '',
+      f'Why ICT: {ICT_WHY}', '', f'Why the reader\'s warm start: {READER_WHY}',
+      '',
+      'Every row is A - B on the same held-out queries (every held-out fact '
+      'in each of the 2 query templates) with a paired bootstrap 95% '
+      f'interval ({bootstrap.SAMPLES:,} resamples).', '',
+      '| comparison | A | B | A - B [95% interval] | verdict |',
+      '|---|---|---|---|---|',
+      _row('held-out fill accuracy (%): REALM vs the no-retrieval baseline',
+           c['realm_vs_baseline']['masked_token_accuracy']),
+      _row('held-out fill accuracy (%): REALM vs the value prior',
+           c['realm_vs_prior']['masked_token_accuracy']),
+      _row('held-out fill accuracy (%): the baseline vs the value prior',
+           c['baseline_vs_prior']['masked_token_accuracy']),
+      _row('held-out recall@1 of the person\'s document (%): REALM vs the '
+           'frozen retriever', frozen and frozen['recall@1']),
+      _row('held-out fill accuracy (%): REALM vs the frozen retriever',
+           frozen and frozen['masked_token_accuracy']),
+      _row(f'held-out recall@1 (%): fresh vs {STALE_FACTOR}x stale index',
+           stale and stale['recall@1']),
+      _row(f'held-out fill accuracy (%): fresh vs {STALE_FACTOR}x stale '
+           'index', stale and stale['masked_token_accuracy']),
+      _row('p(null | x): people without a document vs with one',
+           c['p_null']['interval'], 3),
+      '', '## The edit check', '',
+      f'{edit["people_edited"]} held-out people\'s documents were replaced '
+      'with one fact changed (`corpus remove`, `corpus add`; the index '
+      f'synced by embedding the {edit["blocks_added"]} new blocks alone, '
+      f'{edit["index_sync_seconds"]:.1f} s), and their changed facts asked '
+      f'again by the REALM model of step {edit["model_step"]}, no training '
+      'step between:', '',
+      f'- answered with the new value: {100 * edit["answered_new_value"]:.1f}%'
+      f'; with the old value: {100 * edit["answered_old_value"]:.1f}%;',
+      f'- the new document retrieved first: '
+      f'{100 * edit["recall@1_new_document"]:.1f}%.', '',
+      '## Goals', '', '| goal | measured | target | |', '|---|---|---|---|',
+      _goal('held-out fill accuracy of REALM (%)', accuracy, '>= 80',
+            accuracy >= GOALS['held_out_accuracy']),
+      _goal('|baseline - value prior| (points)', baseline_gap, '<= 2',
+            baseline_gap <= GOALS['baseline_to_prior']),
+      _goal('recall@1 at the end (%)', recall, '>= 90',
+            recall >= GOALS['recall@1']),
+      _goal('frozen retriever below, interval excluding 0',
+            frozen and frozen['recall@1']['difference'], '> 0',
+            excludes(frozen and frozen['recall@1'])),
+      _goal(f'{STALE_FACTOR}x stale below fresh on recall@1',
+            stale and stale['recall@1']['difference'], '> 0',
+            excludes(stale and stale['recall@1'])),
+      _goal(f'{STALE_FACTOR}x stale below fresh on accuracy',
+            stale and stale['masked_token_accuracy']['difference'], '> 0',
+            excludes(stale and stale['masked_token_accuracy'])),
+      _goal('edited facts answered with the new value (%)',
+            100 * edit['answered_new_value'], '>= 90',
+            100 * edit['answered_new_value'] >= GOALS['edited']),
+      '', '## Held-out scores', '',
+      '| model | queries | accuracy (%) | recall@1 (%) | -log p(y\\|x) | '
+      'retrieval utility | mean p(null) |', '|---|---|---|---|---|---|---|']
+  for name, row in held.items():
+    f = lambda x, d=1: '-' if x is None else f'{x:.{d}f}'
+    lines.append(
+        f'| {name} | {row["queries"]:,} | '
+        f'{f(100 * row["masked_token_accuracy"])} | '
+        f'{f(row["recall@1"] and 100 * row["recall@1"])} | '
+        f'{f(row["loss"], 3)} | {f(row["retrieval_utility"], 3)} | '
+        f'{f(row["p_null"], 3)} |')
+  lines += ['', 'Recall@1 over training (world.png): the share of each '
+            'training batch whose first retrieved block, from the index the '
+            'step read, is the person\'s document.', '',
+            '## Time per stage (s)', '', '| stage | seconds |', '|---|---|']
+  lines += [f'| {k} | {v:.0f} |' for k, v in results['timings'].items()]
+  lines += [f'| total | {sum(results["timings"].values()):.0f} |', '']
+  return '\n'.join(lines)
+
+
+def plot(work_dir: str, names: list[str], png_path: str) -> None:
+  """Recall@1 of each run's training batches over its steps."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  figure, axis = plt.subplots(figsize=(6, 3.5))
+  for name in names:
+    path = os.path.join(work_dir, name, 'train_metrics.jsonl')
+    steps, values = curves.read_metrics(path).get('source_block_top1',
+                                                  ([], []))
+    if steps:
+      window = min(10, len(values))
+      smooth = np.convolve(values, np.ones(window) / window, mode='valid')
+      axis.plot(steps[window - 1:], 100 * smooth, label=name)
+  axis.set_xlabel('step')
+  axis.set_ylabel('recall@1 of training queries (%)')
+  axis.set_ylim(0, 100)
+  axis.legend()
+  axis.grid(alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(png_path, dpi=100)
+  plt.close(figure)
+
+
+def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
+  """RESULTS.md, results.json and world.png in work_dir; from a source tree
+  (or `docs_dir`) also docs/results/world.{md,json,png}."""
+  text = markdown(results)
+  outputs = [(epath.Path(work_dir), 'RESULTS.md', 'results.json',
+              'world.png')]
+  docs = epath.Path(docs_dir or os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
+      'results'))
+  if docs.is_dir():
+    outputs.append((docs, 'world.md', 'world.json', 'world.png'))
+  names = [n for n in ('realm', 'stale', 'frozen')
+           if f'pretrain_{n}' in results]
+  for out, md, js, png in outputs:
+    (out / md).write_text(text)
+    (out / js).write_text(json.dumps(results, indent=2))
+    plot(work_dir, names, os.fspath(out / png))
+  print('\n' + text)
