@@ -55,24 +55,27 @@ VALUES = {
 # The documents' templates ({n}: the person, or "they" after the first
 # sentence) and the queries' ({n}: the person, {v}: the masked value).
 DOCUMENT_TEMPLATES = {
-    'hometown': '{n} grew up in {v}.',
-    'birth_year': '{n} was born in {v}.',
+    'hometown': '{n} grew up in the city of {v}.',
+    'birth_year': '{n} was born in the year {v}.',
     'occupation': '{n} works as a {v}.',
     'instrument': '{n} plays the {v}.',
-    'sport': '{n} follows {v} closely.',
+    'sport': '{n} follows the sport of {v} closely.',
 }
-MENTION_TEMPLATE = '{n} is a close friend of {m}.'
+MENTION_TEMPLATE = '{n} knows {m} well.'
+# Each ends as its document's sentence does ("the city of", "the year",
+# "a"): the reader finds the value by what precedes it, as a reader of text
+# does, while the rest of the sentence is phrased otherwise.
 QUERY_TEMPLATES = {
-    'hometown': ('the hometown of {n} is {v}.',
-                 '{n} spent a childhood in {v}.'),
-    'birth_year': ('the birth year of {n} is {v}.',
-                   '{n} came into the world in {v}.'),
+    'hometown': ('the hometown of {n} is the city of {v}.',
+                 '{n} spent a childhood in the city of {v}.'),
+    'birth_year': ('the birth year of {n} is the year {v}.',
+                   '{n} came into the world in the year {v}.'),
     'occupation': ('by profession, {n} is a {v}.',
                    '{n} earns a living as a {v}.'),
     'instrument': ('the instrument of {n} is the {v}.',
                    '{n} performs music on the {v}.'),
-    'sport': ('the favourite sport of {n} is {v}.',
-              '{n} loves watching {v}.'),
+    'sport': ('the favourite sport of {n} is the sport of {v}.',
+              '{n} loves watching the sport of {v}.'),
 }
 # Fictional names: a first and a last name, each two ordinary wordpieces
 # (a word-initial piece and a continuation).
@@ -93,7 +96,11 @@ class WorldSpec:
     held_out_share: of those, the share never queried in training.
     no_document: people with facts but no document (queried in evaluation).
     values: values per attribute, at most those in VALUES.
-    attributes: which attributes each person has (each of VALUES).
+    attributes: which attributes each person has (each of VALUES). Two by
+      default: the world preset's 2-layer reader, from random weights,
+      learns to copy each attribute's values separately, after hundreds of
+      steps each; with birth_year as a third, it copied cities and
+      occupations after 1,200 steps but not years (23%, the prior's share).
     mentions: other people each document names.
     first_names / last_names: name parts drawn from; every person's full
       name is distinct, so people + no_document <= their product.
@@ -103,7 +110,7 @@ class WorldSpec:
   held_out_share: float = 0.2
   no_document: int = 100
   values: int = 20
-  attributes: tuple[str, ...] = ('hometown', 'birth_year', 'occupation')
+  attributes: tuple[str, ...] = ('hometown', 'occupation')
   mentions: int = 1
   first_names: int = 40
   last_names: int = 60

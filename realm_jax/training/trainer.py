@@ -173,18 +173,20 @@ def held_out_metrics(run: RunKind, preparer: BatchPreparer, evaluate, mesh,
                      params, step: int, batch_size: int, num_batches: int,
                      seed: int = 0) -> dict:
   """The run's metrics on the first `num_batches` held-out batches (the
-  same ones every time): the mean over batches of each batch's metrics.
-  `evaluate(params, inputs)` is the jitted deterministic loss' metrics
-  (`Trainer.evaluate`)."""
+  same ones every time): the mean over batches of each batch's metrics,
+  the batch preparer's among them. `evaluate(params, inputs)` is the jitted
+  deterministic loss' metrics (`Trainer.evaluate`)."""
   totals, count = {}, 0
   for examples in input_pipeline.batches(
       run.task, run.eval_split, run.shapes, batch_size, seed=seed,
       shuffle=False, num_epochs=1):
     if count == num_batches:
       break
-    inputs, _ = preparer.prepare(examples, params, step)
-    metrics = jax.device_get(evaluate(
-        params, partitioning.global_batch(inputs, mesh)))
+    inputs, host_metrics = preparer.prepare(examples, params, step)
+    metrics = {**jax.device_get(evaluate(
+        params, partitioning.global_batch(inputs, mesh))),
+               # Not index_staleness where no index is read.
+               **{k: v for k, v in host_metrics.items() if v is not None}}
     for name, value in metrics.items():
       totals[name] = totals.get(name, 0.0) + float(value)
     count += 1
