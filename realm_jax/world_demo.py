@@ -34,16 +34,15 @@ import json
 import os
 import tempfile
 
-import gin
 import numpy as np
 from etils import epath
 
 from launch import local
-from realm_jax import errors
+from realm_jax import errors, extras
 from realm_jax.data import corpus, corpus_changes, example_arrays, world
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm
-from realm_jax.training import curves, run_loader, trainer
+from realm_jax.training import curves, input_pipeline, run_loader, trainer
 
 SETUP = 'gin/setups/world.gin'
 CORPUS = 'world'
@@ -79,14 +78,14 @@ class WorldPreset:
 PRESETS = {
     'world': WorldPreset(
         world.WorldSpec(people=1000, first_names=40, last_names=40),
-        ict_steps=300, reader_steps=800, pretrain_steps=200,
+        ict_steps=300, reader_steps=500, pretrain_steps=200,
         refresh_interval=5),
     # tests/test_world.py's learning test: one attribute, 300 people, REALM
     # and its baseline alone.
     'world_small': WorldPreset(
         world.WorldSpec(people=300, no_document=20, attributes=('hometown',),
                         first_names=10, last_names=40, edited=0),
-        ict_steps=150, reader_steps=120, pretrain_steps=100,
+        ict_steps=100, reader_steps=120, pretrain_steps=100,
         refresh_interval=5, ablations=False),
 }
 
@@ -100,13 +99,26 @@ def _train(model_dir: str, run: str, *flags: str) -> None:
 
 
 def make_world(spec: world.WorldSpec) -> dict:
-  """The world's corpus and arrays, at the shapes the setup's runs read."""
+  """The world's corpus and query arrays, at the shapes the setup's runs
+  read, and its ICT pairs from the ordinary seqio task (`tasks.ict`)."""
   run_loader.configure(['gin/runs/pretrain.gin', SETUP], [])
-  metadata = world.write(
-      world.World(spec), CORPUS, gin.query_parameter('Pretrain.query_length'),
-      gin.query_parameter('Pretrain.max_masked'),
-      gin.query_parameter('%BLOCK_LENGTH'))
-  return {'corpus_dir': corpus.corpus_dir(CORPUS),
+  run = run_loader.configured_run().run
+  metadata = world.write(world.World(spec), run.corpus_name,
+                         run.shapes['query_token_ids'][0],
+                         run.shapes['mlm_targets'][0])
+  run_loader.configure(['gin/runs/ict.gin', SETUP], [])
+  ict_run = run_loader.configured_run().run
+  extras.require('seqio', "Writing the world's Inverse Cloze Task pairs",
+                 'write the world where TensorFlow is and bring its corpus '
+                 'and arrays')
+  import seqio  # pylint: disable=g-import-not-at-top
+  from tasks import ict  # pylint: disable=g-import-not-at-top
+  if ict_run.task not in seqio.TaskRegistry.names():
+    ict.register(ict_run.corpus_name)
+  for split in ('train', 'validation'):
+    input_pipeline.export(ict_run.task, split, ict_run.shapes, spec.seed,
+                          corpus_name=ict_run.corpus_name)
+  return {'corpus_dir': corpus.corpus_dir(run.corpus_name),
           'blocks': metadata['num_blocks'],
           'mean_block_length': metadata['mean_length'],
           'corpus_fingerprint': metadata['corpus_fingerprint']}
@@ -322,6 +334,11 @@ def comparisons(sizes: WorldPreset, eval_dir: str, names: list[str]) -> dict:
       out[f'realm_vs_{b}']['recall@1'] = bootstrap.paired_interval(
           np.array(_hits(rows['realm'])), np.array(_hits(rows[b])), ones,
           scale=100)
+  # Rows follow `World.queries`: each fact in every template in turn.
+  templates = len(next(iter(world.QUERY_TEMPLATES.values())))
+  out['recall@1_by_template'] = {
+      name: [_mean(_hits(rows[name])[t::templates]) for t in range(templates)]
+      for name in names if name != 'baseline'}
   no_doc = masked_lm.read_queries(eval_dir, 'no_document')
   out['p_null'] = {
       'no_document': _mean([r['p_null'] for r in no_doc]),
@@ -471,6 +488,13 @@ def markdown(results: dict) -> str:
         f'{f(row["recall@1"] and 100 * row["recall@1"])} | '
         f'{f(row["loss"], 3)} | {f(row["retrieval_utility"], 3)} | '
         f'{f(row["p_null"], 3)} |')
+  by_template = c['recall@1_by_template'].items()
+  lines += ['', 'Held-out recall@1 (%) by query template (the first names '
+            'the person after a phrase, the second starts with the name):',
+            '', '| model | ' + ' | '.join(
+                f'template {t + 1}' for t in range(2)) + ' |', '|---|---|---|']
+  lines += [f'| {name} | ' + ' | '.join(f'{100 * v:.1f}' for v in values)
+            + ' |' for name, values in by_template if values]
   lines += ['', 'Over training (world.png): held-out recall@1 and fill '
             f'accuracy every {sizes["eval_every"]} steps, on the same 128 '
             'held-out queries, with the index the trainer was reading (the '
@@ -489,13 +513,14 @@ def plot(results: dict, png_path: str) -> None:
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   figure, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+  colors = dict(zip(results['curves'], plt.rcParams['axes.prop_cycle']))
   for axis, metric in zip(axes, ('recall@1', 'accuracy')):
     for name, curve in results['curves'].items():
       points = sorted((int(step), value)
                       for step, value in curve[metric].items())
       if points:
         axis.plot(*zip(*[(s, 100 * v) for s, v in points]), marker='.',
-                  label=name)
+                  label=name, **colors[name])
     axis.set_xlabel('step')
     axis.set_ylabel(f'held-out {metric} (%)')
     axis.set_ylim(0, 100)

@@ -18,7 +18,8 @@ included.
 `write` makes it a corpus the ordinary commands read (`corpus.build_corpus`,
 so `corpus add`/`remove`, `search` and the index builder work on it) and
 the pre-tokenized query arrays the 'arrays' input source reads, under the
-task names of `Pretrain(corpus_name=...)`.
+task names of `Pretrain(corpus_name=...)`. (Its ICT pairs are the ordinary
+seqio task's, exported by `world_demo.make_world`.)
 """
 
 import dataclasses
@@ -29,7 +30,7 @@ import tempfile
 import numpy as np
 from etils import epath
 
-from realm_jax import embedded, errors, extras
+from realm_jax import embedded, errors
 from realm_jax.data import corpus, example_arrays, task_names
 from realm_jax.data.tokenization import WordPieceTokenizer
 
@@ -52,11 +53,15 @@ VALUES = {
               'volleyball chess boxing swimming cycling skiing rowing '
               'fencing sailing archery wrestling judo').split(),
 }
-# The documents' templates ({n}: the person, or "they" after the first
-# sentence) and the queries' ({n}: the person, {v}: the masked value).
+# The documents' templates ({n}: the person) and the queries' ({n}: the
+# person, {v}: the masked value). A person's name is not always a
+# sentence's first words: ICT's pseudo-queries are these sentences, and
+# towers that learned to match names at the start of a text alone found
+# the document of 99% of the queries that start with the name and of 0.5%
+# of the others (docs/RESULTS.md).
 DOCUMENT_TEMPLATES = {
-    'hometown': '{n} grew up in the city of {v}.',
-    'birth_year': '{n} was born in the year {v}.',
+    'hometown': 'The city of {v} is where {n} grew up.',
+    'birth_year': 'In the year {v}, {n} was born.',
     'occupation': '{n} works as a {v}.',
     'instrument': '{n} plays the {v}.',
     'sport': '{n} follows the sport of {v} closely.',
@@ -321,13 +326,11 @@ def query_arrays(queries: list[Query], tokenizer: WordPieceTokenizer,
 
 
 def write(world: World, corpus_name: str = 'world', query_length: int = 24,
-          max_masked: int = 2, block_length: int = 72,
-          arrays_root: str | None = None) -> dict:
+          max_masked: int = 2, arrays_root: str | None = None) -> dict:
   """Builds the world's corpus (corpus.corpus_dir(corpus_name)) and writes
   its query arrays: training queries (train split; its validation split and
   the held-out task hold the held-out people's) and the people without a
-  document; and the Inverse Cloze Task's pairs of its documents, made by
-  the ordinary seqio task (`tasks.ict`). Returns the corpus metadata."""
+  document. Returns the corpus metadata."""
   tokenizer = WordPieceTokenizer(embedded.task_vocab())
   directory = corpus.corpus_dir(corpus_name)
   with tempfile.TemporaryDirectory() as tmp:
@@ -342,24 +345,7 @@ def write(world: World, corpus_name: str = 'world', query_length: int = 24,
   block_ids = {p.name: i for i, p in enumerate(documented)}
   write_queries(world, corpus_name, tokenizer, block_ids, query_length,
                 max_masked, arrays_root)
-  from tasks import ict  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import input_pipeline  # pylint: disable=g-import-not-at-top
-  task = task_names.ict(corpus_name)
-  if task not in seqio().TaskRegistry.names():
-    ict.register(corpus_name)
-  for split in ('train', 'validation'):
-    input_pipeline.export(
-        task, split, {'query_token_ids': (query_length,),
-                      'block_token_ids': (block_length,),
-                      'block_token_type_ids': (block_length,)},
-        seed=world.spec.seed, root=arrays_root, corpus_name=corpus_name)
   return metadata
-
-
-def seqio():
-  return extras.require('seqio', 'Writing the world\'s Inverse Cloze Task '
-                        'pairs', 'write the world where TensorFlow is and '
-                        'bring its corpus and arrays')
 
 
 def write_queries(world: World, corpus_name: str, tokenizer, block_ids,
