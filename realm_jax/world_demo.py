@@ -40,7 +40,6 @@ from etils import epath
 from launch import local
 from realm_jax import errors, extras
 from realm_jax.data import corpus, corpus_changes, example_arrays, world
-from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm
 from realm_jax.training import curves, input_pipeline, run_loader, trainer
 
