@@ -36,8 +36,8 @@ reproduce: setup
 world: setup
 	$(BIN)/realm-jax demo --preset=world
 
-# Every test, as CI runs it (about 25 minutes on 2 cores of an Intel Xeon,
-# 30-32 on an AMD EPYC).
+# Every test, as CI runs it (about 25 minutes on 2 cores of an Intel Xeon
+# before the world's learning test; about 32 on an AMD EPYC with it).
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
