@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo reproduce world test test-fast chaos clean bundle
+.PHONY: setup demo reproduce world test test-fast chaos clean bundle bundle-gpu
 
 setup: $(STAMP)
 
@@ -58,3 +58,9 @@ clean:
 # corpus (`make demo` builds it); REALM_DATA_DIR with nq_open adds fine-tuning.
 bundle: setup
 	$(BIN)/python -m launch.bundle --output_dir=bundle
+
+# The bundle of `realm-jax demo --preset=gpu` (gin/setups/gpu_demo.gin): the
+# examples of its runs at its shapes, NQ's test questions for recall
+# (REALM_DATA_DIR with nq_open), MiniLM at full depth (docs/accelerators.md).
+bundle-gpu: setup
+	$(BIN)/python -m launch.bundle --output_dir=bundle --preset=gpu

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import flops, peak
+from benchmarks import peak
+from realm_jax.models import flops
 from benchmarks.train_step import GIN_DIR, MODELS
 
 PAPER_BLOCKS = 13_353_718

@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from benchmarks import flops, peak
+from benchmarks import peak
+from realm_jax.models import flops
 
 MODELS = ('minilm-l6', 'bert-base')
 LENGTHS = (128, 288)

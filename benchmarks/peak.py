@@ -13,15 +13,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-# Dense bf16 TFLOP/s per chip, from the vendors' data sheets.
-NOMINAL_BF16 = {
-    'TPU v4': 275e12,
-    'TPU v5 lite': 197e12,
-    'TPU v5p': 459e12,
-    'NVIDIA H100 80GB HBM3': 989e12,
-    'NVIDIA H200': 989e12,
-    'NVIDIA A100-SXM4-80GB': 312e12,
-}
+from realm_jax.models.flops import NOMINAL_BF16
 
 
 def measured_matmul(dtype=jnp.float32, size: int = 2048,

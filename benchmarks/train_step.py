@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import flops, peak
+from benchmarks import peak
+from realm_jax.models import flops
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'gin')

@@ -70,6 +70,18 @@ def default_runs() -> list[tuple[str, ...]]:
   return [(RUN_FILES[name], SETUP) for name in names]
 
 
+def preset_runs(name: str) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
+  """(the runs of demo preset `name`, the splits it never reads): NQ's
+  training questions stay behind unless the preset fine-tunes."""
+  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  if name not in demo.PRESETS:
+    raise errors.BadConfig(f'--preset={name!r}; expected one of '
+                           f'{sorted(demo.PRESETS)}.')
+  preset = demo.PRESETS[name]
+  return (demo.example_runs(preset),
+          () if preset.finetune_steps else ('nq_open/train',))
+
+
 def _size(path: pathlib.Path) -> int:
   if path.is_file():
     return path.stat().st_size
@@ -107,20 +119,27 @@ def _wheels(target: pathlib.Path, requirements, wheels_from) -> list[str]:
   return sorted(f.name for f in target.glob('*.whl'))
 
 
-def _export(target: pathlib.Path, runs, bindings) -> tuple[list[dict], set]:
-  """Each run's example splits as `realm-jax data export` writes them; the
-  runs as the manifest lists them, and the corpora they read."""
+def _export(target: pathlib.Path, runs, bindings, leave_out=()
+            ) -> tuple[list[dict], set]:
+  """Each run's example splits as `realm-jax data export` writes them, but
+  those named in `leave_out` ('task/split'); the runs as the manifest lists
+  them, and the corpora they read."""
   import gin  # pylint: disable=g-import-not-at-top
   from realm_jax.training import input_pipeline, run_loader  # pylint: disable=g-import-not-at-top
   listed, corpora, shapes = [], set(), {}
   try:
-    for files in runs:
-      run_loader.configure(files, bindings)
+    for run in runs:
+      files = [item for item in run if '=' not in item]
+      own = [*bindings, *(item.replace('=', ' = ', 1) for item in run
+                          if '=' in item)]
+      run_loader.configure(files, own)
       configured = run_loader.configured_run()
       corpora.add(configured.run.corpus_name)
       splits = []
       for split in configured.run.example_splits():
         where = f'{split.task}/{split.split}'
+        if where in leave_out:
+          continue
         if where in shapes and shapes[where] != split.shapes:
           raise errors.BadConfig(
               f'Two runs export {where} at other shapes: {shapes[where]} and '
@@ -133,8 +152,8 @@ def _export(target: pathlib.Path, runs, bindings) -> tuple[list[dict], set]:
           shapes[where] = split.shapes
           print(f'{where}: {written["count"]:,} examples')
         splits.append(where)
-      listed.append({'kind': configured.kind, 'gin_files': list(files),
-                     'gin_bindings': list(bindings), 'arrays': splits})
+      listed.append({'kind': configured.kind, 'gin_files': files,
+                     'gin_bindings': own, 'arrays': splits})
   finally:
     gin.clear_config()
   return listed, corpora
@@ -230,10 +249,12 @@ def _too_large(sizes: dict, limit: int) -> str | None:
 
 def build(output_dir: str = 'bundle', runs=None, bindings=(),
           wheels=WHEELS, wheels_from: str | None = None,
-          limit: int = LIMIT_MIB * MIB) -> dict:
+          limit: int = LIMIT_MIB * MIB, leave_out=()) -> dict:
   """Writes the bundle into `output_dir` (replacing a bundle there); returns
   its manifest. `runs`: each run's gin files (default: `default_runs()`),
-  `bindings` layered over every run."""
+  `bindings` layered over every run; an item of a run with '=' in it is a
+  binding of that run alone. `leave_out`: splits ('task/split') not
+  carried."""
   output = pathlib.Path(output_dir)
   if output.exists() and any(output.iterdir()) and not (
       output / MANIFEST).exists():
@@ -249,7 +270,8 @@ def build(output_dir: str = 'bundle', runs=None, bindings=(),
     parts['wheels']['files'] = _wheels(staged / 'wheels', wheels, wheels_from)
     if not wheels_from:
       parts['wheels']['requested'] = list(wheels)
-    parts['arrays']['runs'], names = _export(staged / 'arrays', runs, bindings)
+    parts['arrays']['runs'], names = _export(staged / 'arrays', runs,
+                                             bindings, leave_out)
     (staged / 'corpora').mkdir()
     parts['corpora']['corpora'] = {
         name: _corpus(staged / 'corpora', name) for name in sorted(names)}
@@ -370,12 +392,16 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--check', metavar='DIR', default=None,
                       help='Verify the bundle in DIR instead of building.')
   parser.add_argument('--run', action='append', default=None,
-                      metavar='GIN_FILE,GIN_FILE',
-                      help='A run whose examples travel: its gin files, '
-                      'comma-separated (repeatable; default: the demo\'s ICT, '
+                      metavar='GIN_FILE,GIN_FILE[,X=V]',
+                      help='A run whose examples travel: its gin files and '
+                      'its own bindings, comma-separated (repeatable; '
+                      'default: the demo\'s ICT, '
                       'pre-training and, where $REALM_DATA_DIR has nq_open, '
                       'fine-tuning, each with gin/setups/demo.gin).')
   parser.add_argument('--gin_bindings', action='append', default=[])
+  parser.add_argument('--preset', default=None,
+                      help='The runs of `realm-jax demo --preset=PRESET` '
+                      '(gpu: `make bundle-gpu`) instead of --run.')
   parser.add_argument('--wheel', action='append', default=[],
                       metavar='NAME==VERSION',
                       help=f'One more wheel to download (beside {WHEELS}).')
@@ -400,10 +426,13 @@ def main(argv=None) -> int:
             f'{summary["vocab_fingerprint"]}, {summary["files"]} files as '
             f'{MANIFEST} lists them.')
     else:
+      runs, leave_out = [r.split(',') for r in args.run or []] or None, ()
+      if args.preset:
+        runs, leave_out = preset_runs(args.preset)
       manifest = build(
-          args.output_dir, [r.split(',') for r in args.run or []] or None,
-          args.gin_bindings, WHEELS + tuple(args.wheel), args.wheels_from,
-          int(args.limit_mib * MIB))
+          args.output_dir, runs, args.gin_bindings,
+          WHEELS + tuple(args.wheel), args.wheels_from,
+          int(args.limit_mib * MIB), leave_out)
       print(table(manifest, args.output_dir))
   except errors.UserError as error:
     print(f'launch.bundle: {errors.message(error)}', file=sys.stderr)

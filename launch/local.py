@@ -31,6 +31,8 @@ TRAIN_LOG, REFRESH_LOG = 'train.log', 'refresh.log'
 TAIL_LINES = 10
 # Times a failed index builder is started again before the run fails.
 BUILDER_RESTARTS = 3
+# JAX's switch for taking most of a GPU's memory at start-up.
+PREALLOCATE = 'XLA_PYTHON_CLIENT_PREALLOCATE'
 
 
 class JobFailed(RuntimeError):
@@ -77,10 +79,12 @@ def _start(job: Job, files: contextlib.ExitStack) -> subprocess.Popen:
     output = files.enter_context(open(job.log, 'a', encoding='utf-8'))
     output.write(f'$ {shlex.join(job.argv)}\n')
     output.flush()
-  # Unbuffered, so the log shows each line as it is printed.
+  # Unbuffered, so the log shows each line as it is printed. Both jobs
+  # share one GPU: neither takes JAX's default 75% of its memory up front.
   process = subprocess.Popen(job.argv, stdout=output,
                              stderr=subprocess.STDOUT if output else None,
-                             env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+                             env={PREALLOCATE: 'false', **os.environ,
+                                  'PYTHONUNBUFFERED': '1'})
   print(f'{job.name}: pid {process.pid}, log {job.log or "this console"}',
         flush=True)
   return process

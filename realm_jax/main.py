@@ -85,14 +85,17 @@ def _parser() -> argparse.ArgumentParser:
                     help='Every run, index and result (default: '
                     'runs/<preset>).')
   demo.add_argument('--preset', choices=('demo', 'reproduce', 'end_to_end',
-                                         'world', 'world_small'),
+                                         'gpu', 'world', 'world_small'),
                     default='demo',
                     help='demo: the two core checks (20 minutes on 2 cores); '
                     'reproduce: the miniature Table 2 (90 minutes); '
                     'end_to_end: the demo, then NQ fine-tuning with the '
                     'document tower frozen and trained (--work_dir=runs/demo '
-                    'reuses the demo\'s stages); world: REALM\'s four claims '
-                    'in a controlled knowledge world, where each fact is in '
+                    'reuses the demo\'s stages); gpu: the demo at '
+                    'accelerator size on one GPU, from a bundle (make '
+                    'bundle-gpu; docs/accelerators.md); world: REALM\'s '
+                    'four claims in a controlled knowledge world, where each '
+                    'fact is in '
                     'one document; world_small: its REALM and baseline alone, '
                     'in a smaller world (the learning test\'s).')
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import flops, mips, run
+from benchmarks import mips, run
+from realm_jax.models import flops
 from realm_jax.models.bert import Bert, BertConfig
 
 

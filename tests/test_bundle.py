@@ -24,7 +24,10 @@ from tests.helpers import REPO, RETRIEVAL, TINY
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RUNS = [f'--run=gin/runs/{run}.gin,gin/models/tiny.gin'
-        for run in ('ict', 'pretrain')]
+        for run in ('ict', 'pretrain')] + [
+            # A binding of this run alone: the reader's warm-start masking.
+            "--run=gin/runs/pretrain.gin,gin/models/tiny.gin,"
+            "Pretrain.masking='random_uniform'"]
 GIN = [flag for flag in TINY if flag.startswith('--gin.')] + [
     '--gin.Ict.block_length=64', '--gin.Ict.query_length=32', *RETRIEVAL]
 
@@ -70,7 +73,11 @@ def test_the_bundle_holds_every_part_under_the_limit(built, small_corpus):
   assert np.load(corpus_dir / store / 'title_lengths.npy').shape == (
       source['num_blocks'],)
   runs = manifest['parts']['arrays']['runs']
-  assert [run['kind'] for run in runs] == ['Ict', 'Pretrain']
+  assert [run['kind'] for run in runs] == ['Ict', 'Pretrain', 'Pretrain']
+  own = "Pretrain.masking = 'random_uniform'"
+  assert [own in run['gin_bindings'] for run in runs] == [False, False, True]
+  assert any('random_uniform' in where for where in runs[2]['arrays'])
+  assert not any('random_uniform' in where for where in runs[1]['arrays'])
   for run in runs:
     for where in run['arrays']:
       arrays = json.loads((built / 'arrays' / where / 'metadata.json'
@@ -183,3 +190,4 @@ def test_a_directory_that_is_not_a_bundle_is_not_replaced(tmp_path):
   with pytest.raises(errors.BadConfig, match='is not a bundle'):
     bundle.build(str(tmp_path))
   assert os.listdir(tmp_path) == ['notes.txt']
+

@@ -3,7 +3,8 @@ states what did not run, and its prose the settings the runs saved."""
 
 import pytest
 
-from realm_jax import demo
+from launch import bundle
+from realm_jax import demo, errors
 
 pytestmark = pytest.mark.unit
 
@@ -123,3 +124,56 @@ def test_results_prose_states_the_settings_the_runs_saved(tmp_path):
           'cut to 96 wordpieces. ICT 40 steps of batch 48; the reader\'s '
           'masked-LM warm start 100 steps of batch 24; REALM pre-training '
           '100 steps of batch 4 with 6 candidates') in text
+
+
+def test_on_an_accelerator_the_table_names_the_device_the_step_and_stale():
+  results = {
+      'preset': 'gpu', 'sizes': {'pretrain_steps': 300, 'stale': True},
+      'machine': {'cpu': 'Intel Xeon', 'cores': 16, 'backend': 'gpu',
+                  'device': 'NVIDIA H100 80GB HBM3', 'devices': 1,
+                  'jax': '0.11.2', 'bf16_matmul_tflops': 690.0},
+      'throughput': {'batch_size': 64, 'step_seconds': 0.107,
+                     'examples_per_second': 598.1,
+                     'model_tflop_per_step': 11.15, 'mfu': 0.105,
+                     'peak_tflops': 989.0, 'mfu_of_measured_matmul': 0.151},
+      'comparisons': {'masked_lm': {'realm_vs_stale': {
+          'masked_token_accuracy': _interval(18.0, 16.0)}}}}
+  text = demo.markdown(results, {})
+  assert ('1 x NVIDIA H100 80GB HBM3 with JAX 0.11.2' in text and
+          '690.0 TFLOP/s' in text)
+  assert ('median 107 ms, 598 examples/s, 11.2 model TFLOP per step; MFU '
+          '10.5% of the 989 TFLOP/s data-sheet bf16 peak, 15.1% of the '
+          'measured matmul rate' in text)
+  assert ('| held-out masked accuracy (%): fresh vs 30x stale index | 18.00 '
+          '| 16.00 | +2.00 [+1.00, +3.00] |' in text)
+  # The other ablations did not run: no random-span or EM rows.
+  assert 'random-span' not in text and 'EM (%)' not in text
+  # On a CPU the device line is left out.
+  assert 'Device:' not in demo.markdown({'machine': {'cpu': 'AMD EPYC'}}, {})
+
+
+def test_the_runs_a_preset_reads_carry_their_own_bindings():
+  gpu = demo.PRESETS['gpu']
+  runs = demo.example_runs(gpu)
+  assert all(run[1] == gpu.setup for run in runs)
+  assert [run[0] for run in runs] == [
+      'gin/runs/ict.gin', 'gin/runs/pretrain.gin', 'gin/runs/pretrain.gin',
+      'gin/runs/finetune.gin']
+  assert runs[2][2:] == ("Pretrain.masking='random_uniform'",)
+  # Each run sees at least 100x the demo's queries.
+  small = demo.PRESETS['demo']
+  assert gpu.ict_steps * gpu.ict_batch >= 100 * small.ict_steps * 32
+  assert gpu.reader_steps * gpu.reader_batch >= 100 * small.reader_steps * 32
+  assert (gpu.pretrain_steps * gpu.pretrain_batch >=
+          100 * small.pretrain_steps * small.pretrain_batch)
+  assert any("'random_span'" in run[-1]
+             for run in demo.example_runs(demo.PRESETS['reproduce']))
+
+
+def test_a_preset_brings_its_runs_and_leaves_what_it_never_reads():
+  runs, leave_out = bundle.preset_runs('gpu')
+  assert runs and all(run[1] == 'gin/setups/gpu_demo.gin' for run in runs)
+  assert leave_out == ('nq_open/train',)  # No fine-tuning in the preset.
+  assert bundle.preset_runs('reproduce')[1] == ()
+  with pytest.raises(errors.BadConfig, match="--preset='nope'"):
+    bundle.preset_runs('nope')

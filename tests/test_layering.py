@@ -100,14 +100,14 @@ def test_only_the_command_line_and_the_run_loader_touch_gins_global_state():
 
 
 # The TensorFlow extra's side (realm_jax.extras): seqio's preprocessing,
-# spaCy's annotation, the t5x adapter, the released checkpoints' import
-# (it writes a corpus) and the demo (it builds one). Every other module is
-# the core, which GPU and TPU machines run without the TF stack.
+# spaCy's annotation, the t5x adapter and the released checkpoints' import
+# (it writes a corpus). Every other module is the core, which GPU and TPU
+# machines run without the TF stack: the demo too, which builds its corpus
+# only where no bundle brought one.
 TF_SIDE = {'realm_jax.data.ict', 'realm_jax.data.masking',
            'realm_jax.data.salient_spans', 'realm_jax.data.vocabulary',
            'realm_jax.evaluation.qa_features',
-           'realm_jax.evaluation.t5x_adapter', 'realm_jax.released.importer',
-           'realm_jax.demo'}
+           'realm_jax.evaluation.t5x_adapter', 'realm_jax.released.importer'}
 CORE = [path for path in MODULES if _module(path) not in TF_SIDE]
 
 

@@ -9,6 +9,17 @@ gradients of both operands of every matmul).
 
 from realm_jax.models.bert import BertConfig
 
+# Dense bf16 TFLOP/s per chip, from the vendors' data sheets: the
+# denominator of MFU on an accelerator.
+NOMINAL_BF16 = {
+    'TPU v4': 275e12,
+    'TPU v5 lite': 197e12,
+    'TPU v5p': 459e12,
+    'NVIDIA H100 80GB HBM3': 989e12,
+    'NVIDIA H200': 989e12,
+    'NVIDIA A100-SXM4-80GB': 312e12,
+}
+
 
 def encoder_forward(config: BertConfig, length: int) -> float:
   """One sequence of `length` through every layer of a BERT."""
