@@ -222,13 +222,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="Also write the retrievals (each question's "
                         'top_k blocks with id, title, text, score and '
                         'has_answer) as the JSON that DPR\'s retriever '
-                        'writes, for its and Pyserini\'s scorers; one task.')
+                        'writes, for its and Pyserini\'s scorers '
+                        '(--retrieval_format); one task.')
   evaluate.add_argument('--retrieval_format', default='dpr',
-                        choices=('dpr', 'pyserini'),
+                        choices=('dpr', 'pyserini', 'trec'),
                         help="--retrieval_output's layout: DPR's list with "
-                        "'ctxs', or the question-keyed object with "
-                        "'contexts' that Pyserini's evaluate_dpr_retrieval "
-                        'reads.')
+                        "'ctxs'; the question-keyed object with 'contexts' "
+                        "that Pyserini's evaluate_dpr_retrieval reads; or a "
+                        'TREC run, `qid Q0 docid rank score tag` lines '
+                        "(qid the question's number, docid the block id) "
+                        "that trec_eval and Pyserini's trec_eval read.")
   evaluate.add_argument('--step', type=int, default=None,
                         help='Checkpoint to score (default: the newest).')
   evaluate.add_argument('--batch_size', type=int, default=32)
