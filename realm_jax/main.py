@@ -65,13 +65,16 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--version', action=_Version, nargs=0,
                       help="realm-jax's version, the packages it runs on "
                       'and the devices JAX sees.')
-  parser.add_argument('--debug', action='store_true',
-                      help='Show the traceback of a user error too.')
-  # --debug after the command too; SUPPRESS keeps a missing one from
-  # overriding a given one.
+  # --debug and --verbose after the command too; SUPPRESS keeps a missing
+  # one from overriding a given one.
   common = argparse.ArgumentParser(add_help=False)
-  common.add_argument('--debug', action='store_true', default=argparse.SUPPRESS,
-                      help='Show the traceback of a user error too.')
+  for flag, help_text in (
+      ('--debug', 'Show the traceback of a user error too.'),
+      ('--verbose', "Show the libraries' set-up lines too (TensorFlow's C++ "
+       "log, seqio's and Orbax's notices); also $REALM_JAX_VERBOSE=1.")):
+    parser.add_argument(flag, action='store_true', help=help_text)
+    common.add_argument(flag, action='store_true', default=argparse.SUPPRESS,
+                        help=help_text)
   commands = parser.add_subparsers(dest='command', required=True)
   command = functools.partial(commands.add_parser, parents=[common])
 
@@ -762,6 +765,8 @@ def main(argv=None, exit_at_once: bool = False) -> int:
   """
   args = _parser().parse_args(_gin_flags(sys.argv[1:] if argv is None
                                          else argv))
+  from realm_jax import quiet  # pylint: disable=g-import-not-at-top
+  quiet.quiet(args.verbose)  # Before JAX and TensorFlow start.
   from realm_jax import distributed  # pylint: disable=g-import-not-at-top
   distributed.log_to_stderr()
   if getattr(args, 'model_dir', None) and '://' not in args.model_dir:
