@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+from realm_jax import quiet
+
 TRAIN_LOG, REFRESH_LOG = 'train.log', 'refresh.log'
 # Lines of a failed job's log quoted in the error.
 TAIL_LINES = 10
@@ -215,6 +217,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--train_log', action='store_true',
                       help=f'The trainer\'s output to model_dir/{TRAIN_LOG} '
                       'instead of this console.')
+  parser.add_argument('--verbose', action='store_true',
+                      help="Both jobs show the libraries' set-up lines too "
+                      '(realm-jax --verbose).')
   return parser
 
 
@@ -238,6 +243,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
+  quiet.quiet(args.verbose)  # The jobs inherit the environment it sets.
   try:
     run(args.model_dir, args.train_args, args.refresh_args,
         train_log=args.train_log, refresh_timeout=args.refresh_timeout)

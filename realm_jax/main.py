@@ -65,13 +65,16 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--version', action=_Version, nargs=0,
                       help="realm-jax's version, the packages it runs on "
                       'and the devices JAX sees.')
-  parser.add_argument('--debug', action='store_true',
-                      help='Show the traceback of a user error too.')
-  # --debug after the command too; SUPPRESS keeps a missing one from
-  # overriding a given one.
+  # --debug and --verbose after the command too; SUPPRESS keeps a missing
+  # one from overriding a given one.
   common = argparse.ArgumentParser(add_help=False)
-  common.add_argument('--debug', action='store_true', default=argparse.SUPPRESS,
-                      help='Show the traceback of a user error too.')
+  for flag, help_text in (
+      ('--debug', 'Show the traceback of a user error too.'),
+      ('--verbose', "Show the libraries' set-up lines too (TensorFlow's C++ "
+       "log, seqio's and Orbax's notices); also $REALM_JAX_VERBOSE=1.")):
+    parser.add_argument(flag, action='store_true', help=help_text)
+    common.add_argument(flag, action='store_true', default=argparse.SUPPRESS,
+                        help=help_text)
   commands = parser.add_subparsers(dest='command', required=True)
   command = functools.partial(commands.add_parser, parents=[common])
 
@@ -225,13 +228,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="Also write the retrievals (each question's "
                         'top_k blocks with id, title, text, score and '
                         'has_answer) as the JSON that DPR\'s retriever '
-                        'writes, for its and Pyserini\'s scorers; one task.')
+                        'writes, for its and Pyserini\'s scorers '
+                        '(--retrieval_format); one task.')
   evaluate.add_argument('--retrieval_format', default='dpr',
-                        choices=('dpr', 'pyserini'),
+                        choices=('dpr', 'pyserini', 'trec'),
                         help="--retrieval_output's layout: DPR's list with "
-                        "'ctxs', or the question-keyed object with "
-                        "'contexts' that Pyserini's evaluate_dpr_retrieval "
-                        'reads.')
+                        "'ctxs'; the question-keyed object with 'contexts' "
+                        "that Pyserini's evaluate_dpr_retrieval reads; or a "
+                        'TREC run, `qid Q0 docid rank score tag` lines '
+                        "(qid the question's number, docid the block id) "
+                        "that trec_eval and Pyserini's trec_eval read.")
   evaluate.add_argument('--step', type=int, default=None,
                         help='Checkpoint to score (default: the newest).')
   evaluate.add_argument('--batch_size', type=int, default=32)
@@ -762,6 +768,8 @@ def main(argv=None, exit_at_once: bool = False) -> int:
   """
   args = _parser().parse_args(_gin_flags(sys.argv[1:] if argv is None
                                          else argv))
+  from realm_jax import quiet  # pylint: disable=g-import-not-at-top
+  quiet.quiet(args.verbose)  # Before JAX and TensorFlow start.
   from realm_jax import distributed  # pylint: disable=g-import-not-at-top
   distributed.log_to_stderr()
   if getattr(args, 'model_dir', None) and '://' not in args.model_dir:

@@ -21,7 +21,7 @@ def blocks(corpus: str, split: str, shuffle_files: bool = False,
   if shuffle_files:
     files = files.shuffle(len(paths), seed=seed)
   dataset = files.interleave(tf.data.TFRecordDataset, cycle_length=1).map(
-      corpus_lib.parse_block)
+      corpus_lib.block_parser())
   in_validation = lambda x: salient_spans.is_validation(x['block_id'],
                                                        VALIDATION_PER_MILLE)
   if split == 'validation':

@@ -10,8 +10,11 @@ exception is a parser bug. The examples each test ran are counted and
 printed at the end of the module.
 """
 
+import ast
 import collections
+import csv
 import dataclasses
+import io
 import json
 import os
 import re
@@ -78,8 +81,8 @@ class EveryLocation(SkipReport):
     super().__init__('fuzz')
     self.locations: list[str] = []
 
-  def add(self, reason: str, where: str = '') -> None:
-    super().add(reason, where)
+  def add(self, reason: str, where: str = '', skipped: bool = True) -> None:
+    super().add(reason, where, skipped)
     self.locations.append(where)
 
 
@@ -98,6 +101,9 @@ SOME_FIELD = FIELD.filter(str.strip)
 # A TSV question: a row starting '{' could read as a JSONL row, and the first
 # row decides the format of a file.
 TSV_QUESTION = SOME_FIELD.filter(lambda q: not q.lstrip().startswith('{'))
+# The question of a bad topics row: one opening with a double quote would
+# open a csv field that could run into the next row.
+BARE_QUESTION = TSV_QUESTION.filter(lambda q: not q.startswith('"'))
 # A line of anything but a newline.
 LINE_TEXT = st.text(st.characters(codec='utf-8', exclude_characters='\n'),
                     max_size=40)
@@ -176,16 +182,30 @@ def _jsonl_qa_row(regex: bool):
                    BLANK_LINE.map(lambda b: ('blank', b)))
 
 
+def _csv_row(*fields: str) -> str:
+  """A TSV row as the csv module writes DPR's files: a field in double
+  quotes where it holds a tab, a quote or a line break, `""` a quote."""
+  out = io.StringIO()
+  csv.writer(out, delimiter='\t').writerow(fields)
+  return out.getvalue().removesuffix('\r\n')
+
+
+def _text_mode(text: str) -> str:
+  """`text` as Python's text mode reads it, in which DPR opens its files."""
+  return text.replace('\r\n', '\n').replace('\r', '\n')
+
+
 def _topics_row():
   good = st.tuples(TSV_QUESTION, _good_answers(SOME_TEXT)).map(
-      lambda t: ('good', f'{t[0]}\t{t[1]!r}'.encode(),
-                 open_qa.QAExample(t[0].strip(), _kept(t[1]))))
-  question = TSV_QUESTION
+      lambda t: ('good', _csv_row(t[0], repr(t[1])).encode(),
+                 open_qa.QAExample(_text_mode(t[0]).strip(), _kept(t[1]))))
+  question = BARE_QUESTION
   bad = st.one_of(
       NOT_UTF8,
-      # No tab; no '{', which could make the row JSON.
+      # No tab; no '{', which could make the row JSON; no opening quote.
       st.text(st.characters(codec='utf-8', exclude_characters='\t\n{'),
-              min_size=1, max_size=40).filter(str.strip).map(str.encode),
+              min_size=1, max_size=40).filter(str.strip).filter(
+                  lambda s: not s.startswith('"')).map(str.encode),
       # Too many columns.
       st.tuples(question, FIELD).map(
           lambda t: f"{t[0]}\t['a']\t{t[1]}".encode()),
@@ -315,6 +335,49 @@ def test_topics_tsv(fuzz_root, rows, split):
   tsv = os.path.join(root, 'topics.tsv')  # load_file: .tsv names the format.
   _write_rows(tsv, rows)
   _check_load_file(tsv, rows, split=split)
+
+
+# A topics row that the csv module writes: any question, answers of any text.
+CSV_ROW = st.tuples(st.text(CHARS, max_size=30),
+                    st.lists(SOME_TEXT, min_size=1, max_size=4)).map(
+                        lambda t: _csv_row(t[0], repr(t[1])))
+# A line of anything but a quote or a line break, such as a header or a note:
+# csv reads it as one row of its own.
+OTHER_LINE = st.text(st.characters(codec='utf-8', exclude_characters='"\r\n'),
+                     max_size=40)
+
+
+@fuzz(200)
+@given(lines=st.lists(st.one_of(CSV_ROW, OTHER_LINE), max_size=8),
+       end=st.sampled_from(['\n', '\r\n']))
+def test_a_topics_row_that_csv_reads_is_never_skipped(fuzz_root, lines, end):
+  """Every row that DPR's reading (csv.reader with a tab delimiter, on the
+  file in text mode) makes a question and a non-empty list of strings is
+  read, with the same question and answers."""
+  CASES['topics_csv_rows'] += 1
+  root = _fresh(fuzz_root)
+  os.mkdir(os.path.join(root, 'nq_open'))
+  path = os.path.join(root, 'nq_open', 'topics.nq.dev.txt')
+  with open(path, 'w', encoding='utf-8', newline='') as f:
+    f.write(''.join(line + end for line in lines))
+  expected = []
+  with open(path, encoding='utf-8') as f:
+    for row in csv.reader(f, delimiter='\t'):
+      if len(row) != 2 or not row[0].strip():
+        continue
+      try:
+        answers = ast.literal_eval(row[1])
+      except (ValueError, SyntaxError, MemoryError, RecursionError):
+        continue
+      if (isinstance(answers, list) and answers
+          and all(isinstance(a, str) for a in answers) and _kept(answers)):
+        expected.append(open_qa.QAExample(row[0].strip(), _kept(answers)))
+  report = SkipReport('fuzz')
+  if expected:
+    assert open_qa.load('nq_open', 'train', root, report) == expected
+  else:
+    with pytest.raises(ValueError, match=re.escape(path)):
+      open_qa.load('nq_open', 'train', root, report)
 
 
 @fuzz(150)

@@ -6,6 +6,7 @@ a line or two that names the problem, with exit code 2 and no traceback.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import gin
 import numpy as np
 import pytest
 
-from realm_jax import errors, main
+from realm_jax import errors, main, quiet
 from realm_jax.evaluation.answers import BlockTexts
 from tests.helpers import REPO, finetuned, zebra_data
 
@@ -272,3 +273,39 @@ def test_search_in_a_fresh_process_keeps_what_it_compiled(places, tmp_path):
   assert done.returncode == 0, done.stderr
   assert 'Animal ' in done.stdout or 'Crossings' in done.stdout
   assert any(cache.iterdir())  # The next `search` reads it.
+
+
+# Lines of the libraries' set-up chatter: TensorFlow's C++ log (a timestamp,
+# then I, W or E), seqio's notices and Orbax's read-only ones.
+SET_UP_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] |oneDNN|cuInit|"
+    r"uncached FunctionDataset|Given sequence lengths|'logger_cls' is empty|"
+    r'CheckpointManagerOptions\.read_only=True|Given directory is read only')
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_command_shows_the_libraries_set_up_lines_only_when_verbose(
+    finetuned_run, tmp_path):
+  """`eval` opens its run's checkpoints and index read-only (Orbax) and its
+  task through seqio.Evaluator, over TensorFlow."""
+  model_dir, data = finetuned_run
+  env = {name: value for name, value in {**os.environ, **data}.items()
+         if name not in (quiet.VERBOSE_ENV, quiet.TF_LOG_ENV)}
+  err = {}
+  for flags in ([], ['--verbose']):
+    done = subprocess.run(
+        [sys.executable, '-m', 'realm_jax.main', 'eval', '--task=nq_open',
+         f'--model_dir={model_dir}', f'--output_dir={tmp_path}/eval',
+         *flags], cwd=REPO, capture_output=True, text=True, check=False,
+        env=env)
+    assert done.returncode == 0, done.stderr
+    assert 'nq_open (Finetune step 2' in done.stdout
+    assert 'eval nq_open 4/4' in done.stderr  # Its own progress line.
+    err[bool(flags)] = done.stderr.splitlines()
+  assert not [line for line in err[False] if SET_UP_LINE.search(line)]
+  verbose = '\n'.join(err[True])
+  for shown in ('CheckpointManagerOptions.read_only=True',
+                'Given directory is read only', 'Given sequence lengths',
+                "'logger_cls' is empty"):
+    assert shown in verbose, verbose

@@ -3,6 +3,7 @@ corpus, and answers in the block's own words."""
 
 import io
 import json
+import types
 
 import gin
 import jax
@@ -86,8 +87,9 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
     assert _dpr_top_k(json.load(f), (1, 3)) == [50.0, 50.0]
   rows = qa_evaluation.read_predictions(out, 'nq_open')
   pyserini = qa_evaluation.retrieval_file(rows, predictor.texts, 'pyserini')
-  assert _pyserini_top_k(json.loads(json.dumps(pyserini)), (1, 5, 12)) == [
+  assert _pyserini_top_k(json.loads(pyserini), (1, 5, 12)) == [
       nq['top-1'], nq['top-5'], 50.0]
+  _assert_trec_run_is_the_dpr_retrieval(rows, predictor.texts)
   assert 'exact_match' in cli
 
 
@@ -103,6 +105,44 @@ def _dpr_top_k(questions, ks):
     hits = [ctx['has_answer'] for ctx in question['ctxs']]
     first.append(hits.index(True) if any(hits) else None)
   return [100 * np.mean([f is not None and f < k for f in first]) for k in ks]
+
+
+def _read_trec_run(text: str) -> dict[str, list[tuple[int, str, str]]]:
+  """{qid: [(rank, docid, score)]} of a TREC run, as trec_eval reads one:
+  six fields split on whitespace, each question's ordered by score."""
+  run = {}
+  for line in text.splitlines():
+    qid, q0, docid, rank, score, tag = line.split()
+    assert q0 == 'Q0' and tag
+    run.setdefault(qid, []).append((int(rank), docid, score))
+  return {qid: sorted(hits, key=lambda h: -float(h[2]))
+          for qid, hits in run.items()}
+
+
+def _assert_trec_run_is_the_dpr_retrieval(rows, texts):
+  run = _read_trec_run(qa_evaluation.retrieval_file(rows, texts, 'trec'))
+  dpr = json.loads(qa_evaluation.retrieval_file(rows, texts, 'dpr'))
+  assert run == {str(n): [(rank, ctx['id'], ctx['score'])
+                          for rank, ctx in enumerate(q['ctxs'], 1)]
+                 for n, q in enumerate(dpr) if q['ctxs']}
+
+
+@pytest.mark.unit
+def test_a_trec_run_holds_the_ranks_scores_and_docids_of_the_dpr_file():
+  rows = [{'question': 'q0', 'references': ['a'], 'retrieved': [
+      {'block_id': 7, 'title': 'T7', 'score': 3.25, 'has_answer': True},
+      {'block_id': 2, 'title': 'T2', 'score': 1.0000001, 'has_answer': False},
+      {'block_id': 11, 'title': 'T11', 'score': -0.5, 'has_answer': False}]},
+          {'question': 'q1', 'references': ['b'], 'retrieved': []},
+          {'question': 'q2', 'references': ['c'], 'retrieved': [
+              {'block_id': 2, 'title': 'T2', 'score': 2e-07,
+               'has_answer': True}]}]
+  texts = types.SimpleNamespace(bodies={7: 'seven', 2: 'two', 11: 'eleven'})
+  text = qa_evaluation.retrieval_file(rows, texts, 'trec', tag='run_a')
+  assert text.splitlines() == [
+      '0 Q0 7 1 3.25 run_a', '0 Q0 2 2 1.0000001 run_a',
+      '0 Q0 11 3 -0.5 run_a', '2 Q0 2 1 2e-07 run_a']
+  _assert_trec_run_is_the_dpr_retrieval(rows, texts)
 
 
 def _pyserini_top_k(retrieval, ks):
@@ -215,11 +255,15 @@ def test_eval_offers_the_retrieval_file_and_refuses_it_for_two_tasks(capsys):
   with pytest.raises(SystemExit):
     main.main(['eval', '--help'])
   assert '--retrieval_output' in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    main.main(['eval', '--model_dir=x', '--task=nq_open',
+               '--retrieval_output=r.txt', '--retrieval_format=kilt'])
+  assert "choose from 'dpr', 'pyserini', 'trec'" in capsys.readouterr().err
   assert main.main(['eval', '--model_dir=x', '--task=nq_open',
                     '--task=web_questions', '--retrieval_output=r.json']) == 2
   assert 'one QA task, not 2' in capsys.readouterr().err
   assert main.main(['eval', '--model_dir=x', '--task=nq_open',
                     '--top_k=0']) == 2
   assert '--top_k 0' in capsys.readouterr().err
-  with pytest.raises(ValueError, match="'dpr' or 'pyserini'"):
+  with pytest.raises(ValueError, match="'dpr', 'pyserini', 'trec'"):
     qa_evaluation.retrieval_file([], None, 'kilt')

@@ -102,6 +102,9 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
              f'--model_dir={pretrain}', '--top_k=3')
   assert out.count('\n   1 ') + out.count('\n   2 ') + out.count(
       '\n   3 ') == 3, out
+  # Quiet here too: Orbax opens the run read-only, and says so only when
+  # asked (--verbose).
+  assert 'read only' not in out and 'read_only' not in out, out
 
   out = _run(env, '-m', 'realm_jax.main', 'fill', 'The [MASK] is a city.',
              f'--model_dir={pretrain}')

@@ -12,6 +12,7 @@ leaves a torn corpus.
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -87,10 +88,12 @@ def block_features() -> dict:
   }
 
 
-def parse_block(serialized):
-  """tf.data map function: a serialized block -> dict of tensors."""
-  tf = tensorflow()
-  return tf.io.parse_single_example(serialized, block_features())
+def block_parser():
+  """The tf.data map function of a shard: a serialized block -> dict of
+  tensors. TensorFlow is imported here, outside it: AutoGraph would follow
+  the import into importlib, whose source it cannot read, and warn."""
+  return functools.partial(tensorflow().io.parse_single_example,
+                           features=block_features())
 
 
 def skipped_page_reason(title: str, text: str) -> str | None:
@@ -438,4 +441,4 @@ def read_blocks(corpus_dir: str, start: int = 0):
       continue
     paths.append(os.path.join(corpus_dir, shard['path']))
   return tensorflow().data.TFRecordDataset(paths).skip(start - first).map(
-      parse_block)
+      block_parser())

@@ -13,12 +13,14 @@ benchmarks: Anserini's topics TSV or NQ-open's JSONL, its answers strings or
 """
 
 import ast
+import codecs
+import csv
 import hashlib
 import json
 import logging
 import os
 import re
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import gin
 from etils import epath
@@ -35,14 +37,29 @@ class QAExample(NamedTuple):
   answers: tuple[str, ...]
 
 
-def _lines(path) -> Iterator[tuple[int, bytes]]:
+def _numbered_lines(path) -> Iterator[tuple[int, bytes]]:
+  """(number, bytes) of every line, a UTF-8 byte order mark before the
+  first dropped: an encoding's mark, not part of the first question."""
   with epath.Path(path).open('rb') as f:
     for number, line in enumerate(f, 1):
-      if line.strip():
-        yield number, line
+      yield number, (line.removeprefix(codecs.BOM_UTF8) if number == 1
+                     else line)
+
+
+def _lines(path) -> Iterator[tuple[int, bytes]]:
+  """The lines that hold more than whitespace, as `_numbered_lines`."""
+  return ((number, line) for number, line in _numbered_lines(path)
+          if line.strip())
 
 
 def _read_jsonl(path, report) -> Iterator[tuple[str, str, object]]:
+  """NQ-open's JSONL: one `{"question": str, "answer": [str, ...]}` a line.
+
+  ORQA reads it so, `json.loads` of each line's bytes (a BOM is taken);
+  DPR's JsonlQASrc reads the same objects (its answer field named by a
+  setting). Both stop on a blank line, passed over here; a raw tab or line
+  break inside a string is invalid JSON to both, counted here.
+  """
   for number, raw in _lines(path):
     where = f'{path}:{number}'
     row = parse_json_object(raw, where, report)
@@ -50,40 +67,73 @@ def _read_jsonl(path, report) -> Iterator[tuple[str, str, object]]:
       yield where, row.get('question'), row.get('answer')
 
 
-# What `_topics_row` raises on a row that is not one. Python's parser, under
-# `ast.literal_eval`, runs out of stack (MemoryError, RecursionError) on text
-# such as '-' * 100_000, a few hundred kB of one line.
+# What `_topics_record` raises on a row that is not one. Python's parser,
+# under `ast.literal_eval`, runs out of stack (MemoryError, RecursionError)
+# on text such as '-' * 100_000, a few hundred kB of one line; csv raises
+# csv.Error on a field over its size limit or a line break outside quotes.
 _NOT_A_TOPICS_ROW = (ValueError, SyntaxError, TypeError, MemoryError,
-                     RecursionError)
+                     RecursionError, csv.Error)
 
 
-def _topics_row(raw: bytes) -> tuple[str, object]:
-  """(question, answers) of a topics row; one of `_NOT_A_TOPICS_ROW` when it
-  is not one (UnicodeDecodeError, a ValueError, when not UTF-8)."""
-  question, answers = raw.decode('utf-8').rstrip('\n').split('\t')
-  return question, ast.literal_eval(answers)
+def _universal_newlines(raw: bytes) -> str:
+  """A line as Python's text mode reads it, in which DPR opens its files:
+  UTF-8, CRLF and CR read as LF. UnicodeDecodeError when not UTF-8."""
+  return raw.decode('utf-8').replace('\r\n', '\n').replace('\r', '\n')
+
+
+def _topics_record(lines: Iterable[bytes]) -> tuple[str, object, int]:
+  """(question, answers, lines read) of the topics row that starts
+  `lines`: as DPR reads it, csv.reader with a tab delimiter, then the
+  answers field evaluated as a Python literal. Raises one of
+  `_NOT_A_TOPICS_ROW` when it is not a row of two fields and a literal."""
+  reader = csv.reader(map(_universal_newlines, lines), delimiter='\t')
+  question, answers = next(reader)
+  return question, ast.literal_eval(answers), reader.line_num
 
 
 def _read_topics_tsv(path, report):
-  """Anserini topics: `question<TAB>['answer', ...]` (a Python list)."""
-  for number, raw in _lines(path):
+  """Topics TSV (DPR's *.qa.csv, Anserini's and Pyserini's topics.*.txt):
+  `question<TAB>answers`, the answers a Python list literal.
+
+  Read as DPR reads them: Python's csv.reader(delimiter='\t'), whose
+  quoting runs a field that opens with `"` to its closing `"`, with `""` a
+  literal quote and tabs or line breaks inside; then the answers
+  evaluated (DPR evals them; `ast.literal_eval` takes the same lists and
+  runs no code). Anserini reads the same quoting (commons-csv, trimmed).
+  Unlike both: a blank line is passed over, a BOM dropped, a third field
+  makes a malformed row. A row read across lines (a quoted line break) is
+  noted; a quote that makes no row is counted at its line and the next
+  line read on its own, so that it does not swallow the rows after it.
+  """
+  lines, start = list(_numbered_lines(path)), 0
+  while start < len(lines):
+    number, raw = lines[start]
     where = f'{path}:{number}'
+    read = 1
     try:
-      question, answers = _topics_row(raw)
+      if raw.strip():
+        _universal_newlines(raw)  # Not UTF-8: counted as that, not malformed.
+        question, answers, read = _topics_record(
+            lines[i][1] for i in range(start, len(lines)))
+        if read > 1:
+          report.add('row across lines', where, skipped=False)
+        yield where, question, answers
     except UnicodeDecodeError:
       report.add('not UTF-8', where)
-      continue
     except _NOT_A_TOPICS_ROW:
       report.add('malformed TSV row', where)
-      continue
-    yield where, question, answers
+    start += read
 
 
 def _read_web_questions(path, report):
-  """WebQuestions: one JSON list of `{"qText", "answers"}` objects. The file
-  is one value, so a file that does not parse is refused whole, naming it."""
+  """WebQuestions as DrQA splits it (brmson's copy): one JSON list of
+  `{"qId", "qText", "answers": [...]}` objects, read whole as `json.load`
+  reads it (a BOM taken). DPR's and Pyserini's test set
+  (topics.dpr.wq.test.txt) holds the same questions and answers in the same
+  order, but for double quotes DPR's conversion dropped. The file is one
+  value, so a file that does not parse is refused whole, naming it."""
   try:
-    rows = json.loads(epath.Path(path).read_bytes().decode('utf-8'))
+    rows = json.loads(epath.Path(path).read_bytes())
   except (ValueError, RecursionError) as error:  # Not UTF-8, or not JSON.
     raise errors.BadInput(f'{path}: not a JSON file ({error}).') from None
   if not isinstance(rows, list):
@@ -98,12 +148,17 @@ def _read_web_questions(path, report):
 
 
 def _read_trec_tsv(path, report):
-  """DrQA's CuratedTREC: `id<TAB>factoid<TAB>question<TAB>answer regex`."""
+  """DrQA's CuratedTREC as brmson distributes it: `id<TAB>factoid<TAB>
+  question<TAB>answer regex`, with no quoting: a question that opens with a
+  double quote keeps it. DPR's and Pyserini's test set
+  (topics.dpr.curated.test.txt) holds the same questions and patterns, but
+  for no-break spaces DPR's conversion made spaces. The pattern is all
+  after the third tab: one holds a tab of its own. CRLF line ends are read
+  as LF."""
   for number, raw in _lines(path):
     where = f'{path}:{number}'
     try:
-      # maxsplit: one pattern in the file holds a tab of its own.
-      fields = raw.decode('utf-8').rstrip('\n').split('\t', 3)
+      fields = raw.decode('utf-8').rstrip('\r\n').split('\t', 3)
     except UnicodeDecodeError:
       report.add('not UTF-8', where)
       continue
@@ -173,10 +228,11 @@ def _usable(rows, regex: bool, report: SkipReport) -> Iterator[QAExample]:
     if regex:
       valid = [a for a in answers if _compiles(a)]
       if len(valid) < len(answers):
-        report.add('invalid answer regex', where)
+        report.add('invalid answer regex', where, skipped=not valid)
       if not valid:
         continue
       answers = valid
+    report.keep()
     yield QAExample(question.strip(), tuple(answers))
 
 
@@ -229,7 +285,7 @@ def _row_format(raw: bytes) -> str | None:
   except (ValueError, RecursionError):  # Not UTF-8, not JSON, too deep.
     pass
   try:
-    if isinstance(_topics_row(raw)[1], list):
+    if isinstance(_topics_record([raw])[1], list):
       return 'tsv'
   except _NOT_A_TOPICS_ROW:
     pass

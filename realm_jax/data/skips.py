@@ -8,19 +8,32 @@ class SkipReport:
   """Counts skipped or repaired inputs by reason, keeping a few locations each.
 
   Jobs call `add(reason, where)` instead of crashing or dropping silently, and
-  print `summary()` when they finish.
+  print `summary()` when they finish. A job that reads rows also calls
+  `keep()` for each row it keeps: its summary then ends with the share of
+  rows skipped when over `NOTABLE_SHARE`, since figures on the rest are
+  biased towards the rows that read.
   """
+
+  NOTABLE_SHARE = 0.01
 
   def __init__(self, job: str, examples_per_reason: int = 3):
     self.job = job
     self.counts: collections.Counter = collections.Counter()
     self.examples: dict[str, list[str]] = collections.defaultdict(list)
+    self.skipped: collections.Counter = collections.Counter()
+    self.kept = 0
     self._keep = examples_per_reason
 
-  def add(self, reason: str, where: str = '') -> None:
+  def add(self, reason: str, where: str = '', skipped: bool = True) -> None:
+    """Counts one input; `skipped`: it was dropped, not repaired."""
     self.counts[reason] += 1
+    if skipped:
+      self.skipped[reason] += 1
     if where and len(self.examples[reason]) < self._keep:
       self.examples[reason].append(where)
+
+  def keep(self) -> None:
+    self.kept += 1
 
   def __bool__(self) -> bool:
     return bool(self.counts)
@@ -36,6 +49,14 @@ class SkipReport:
       where = ', '.join(self.examples[reason])
       lines.append(f'  {reason}: {count:,}' + (f' (e.g. {where})' if where
                                                  else ''))
+    skipped = sum(self.skipped.values())
+    rows = self.kept + skipped
+    if self.kept and skipped > self.NOTABLE_SHARE * rows:
+      lines.append(
+          f'{skipped:,} of {rows:,} rows skipped ({skipped / rows:.1%}, over '
+          f'{self.NOTABLE_SHARE:.0%}): ' + ', '.join(
+              f'{reason} {count:,}' for reason, count in
+              sorted(self.skipped.items())) + '; figures are on the rest.')
     return '\n'.join(lines)
 
 

@@ -13,7 +13,7 @@ fraction of questions with an answer in one of their top k blocks by DPR's
 `has_answer`, and which questions have an answer anywhere in the corpus
 (the subset the small embedded corpus can answer at all). Every prediction
 is written as a JSONL row with its retrieved blocks; the retrievals can
-also be written as the files DPR's and Pyserini's scorers read.
+also be written as the files DPR's, Pyserini's and trec_eval's scorers read.
 """
 
 import json
@@ -32,6 +32,8 @@ from realm_jax.training.batches import token_arrays
 # The k of top-k accuracy, DPR's and Pyserini's (k past what a run
 # retrieves left out).
 TOP_K = (1, 5, 20, 100)
+# The layouts of `retrieval_file`.
+RETRIEVAL_FORMATS = ('dpr', 'pyserini', 'trec')
 
 
 def _predict(predictor: QAPredictor, task: str, batches, total: int,
@@ -110,7 +112,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   top-k accuracy for each k of `TOP_K` the predictor retrieves, and both
   again on the questions whose answer is in the corpus. With
   `retrieval_output`, also writes the retrievals there in
-  `retrieval_format` ('dpr' or 'pyserini', see `retrieval_file`). The
+  `retrieval_format` (one of `RETRIEVAL_FORMATS`, see `retrieval_file`). The
   questions come from the seqio task through seqio.Evaluator, or from its
   exported arrays (`input_pipeline.Examples`), scored by the same metric.
   """
@@ -184,35 +186,49 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
       ''.join(json.dumps(row) + '\n' for row in rows))
   (output / f'{task}_metrics.json').write_text(json.dumps(summary, indent=2))
   if retrieval_output:
-    epath.Path(retrieval_output).write_text(json.dumps(
-        retrieval_file(rows, texts, retrieval_format), indent=1))
+    epath.Path(retrieval_output).write_text(retrieval_file(
+        rows, texts, retrieval_format,
+        tag=f'realm-jax_{predictor.kind}_{predictor.step}'))
   return summary
 
 
-def retrieval_file(rows: list[dict], texts, kind: str = 'dpr'):
-  """The retrievals of `evaluate`'s rows as DPR's retriever writes them
-  (kind 'dpr': a list of {question, answers, ctxs: [{id, title, text,
-  score, has_answer}]}, read by DPR's evaluation), or as Pyserini's
-  `evaluate_dpr_retrieval` reads them (kind 'pyserini': {question number:
-  {question, answers, contexts: [{docid, score, text: title and body on
-  two lines, has_answer}]}}). Scores are strings, as DPR writes them."""
+def retrieval_file(rows: list[dict], texts, kind: str = 'dpr',
+                   tag: str = 'realm-jax') -> str:
+  """The text of a file of the retrievals of `evaluate`'s rows.
+
+  kind 'dpr': as DPR's retriever writes them, a JSON list of {question,
+  answers, ctxs: [{id, title, text, score, has_answer}]}, read by DPR's
+  evaluation. 'pyserini': as Pyserini's `evaluate_dpr_retrieval` reads
+  them, {question number: {question, answers, contexts: [{docid, score,
+  text: title and body on two lines, has_answer}]}}. 'trec': a TREC run,
+  `qid Q0 docid rank score tag` a line, which trec_eval and Pyserini's
+  evaluation read against qrels (qid the question's number, as Pyserini
+  numbers DPR's topics; rank from 1). Scores are written as DPR writes
+  them, in full: trec_eval orders a run by score, not by rank.
+  """
   if kind == 'dpr':
-    return [{'question': r['question'], 'answers': r['references'],
-             'ctxs': [{'id': str(c['block_id']), 'title': c['title'],
-                       'text': texts.bodies[c['block_id']],
-                       'score': str(c['score']),
-                       'has_answer': c['has_answer']}
-                      for c in r['retrieved']]} for r in rows]
+    return json.dumps([
+        {'question': r['question'], 'answers': r['references'],
+         'ctxs': [{'id': str(c['block_id']), 'title': c['title'],
+                   'text': texts.bodies[c['block_id']],
+                   'score': str(c['score']), 'has_answer': c['has_answer']}
+                  for c in r['retrieved']]} for r in rows], indent=1)
   if kind == 'pyserini':
-    return {str(n): {'question': r['question'], 'answers': r['references'],
-                     'contexts': [{'docid': str(c['block_id']),
-                                   'score': str(c['score']),
-                                   'text': f'{c["title"]}\n'
-                                           f'{texts.bodies[c["block_id"]]}',
-                                   'has_answer': c['has_answer']}
-                                  for c in r['retrieved']]}
-            for n, r in enumerate(rows)}
-  raise ValueError(f"retrieval_format {kind!r}: 'dpr' or 'pyserini'.")
+    return json.dumps({
+        str(n): {'question': r['question'], 'answers': r['references'],
+                 'contexts': [{'docid': str(c['block_id']),
+                               'score': str(c['score']),
+                               'text': f'{c["title"]}\n'
+                                       f'{texts.bodies[c["block_id"]]}',
+                               'has_answer': c['has_answer']}
+                              for c in r['retrieved']]}
+        for n, r in enumerate(rows)}, indent=1)
+  if kind == 'trec':
+    return ''.join(f'{n} Q0 {c["block_id"]} {rank} {c["score"]} {tag}\n'
+                   for n, r in enumerate(rows)
+                   for rank, c in enumerate(r['retrieved'], 1))
+  raise ValueError(f'retrieval_format {kind!r}: one of '
+                   + ', '.join(map(repr, RETRIEVAL_FORMATS)) + '.')
 
 
 def _text(value) -> str:

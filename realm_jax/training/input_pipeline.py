@@ -149,9 +149,10 @@ def _seqio_batches(task, split, shapes, batch_size, seed, shuffle,
   return dataset.skip(skip_batches).prefetch(2).as_numpy_iterator()
 
 
-def _fixed(x, shape):
-  """Pads with zeros and cuts a dense or ragged feature to `shape`."""
-  tf = corpus.tensorflow()
+def _fixed(tf, x, shape):
+  """Pads with zeros and cuts a dense or ragged feature to `shape`. `tf`
+  comes in imported: AutoGraph would follow an import here into importlib,
+  whose source it cannot read, and warn."""
   if isinstance(x, tf.RaggedTensor):
     return x.to_tensor(shape=shape)
   if not shape:
@@ -179,7 +180,7 @@ def _task_dataset(task, split, shapes, seed, shuffle, num_epochs,
                    f'{sorted(dataset.element_spec)}.')
   return dataset.map(
       lambda x: {**{name: x[name] for name in keep},
-                 **{name: _fixed(x[name], list(shape))
+                 **{name: _fixed(tf, x[name], list(shape))
                     for name, shape in shapes.items()}},
       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
