@@ -1,10 +1,19 @@
 """`make demo`'s plumbing: finished stages are skipped, the results table
-states what did not run, and its prose the settings the runs saved."""
+states what did not run, and its prose the settings the runs saved; on an
+accelerator, the device, the step and its MFU; the runs a preset's bundle
+carries."""
 
+import json
+
+import gin
 import pytest
 
 from launch import bundle
-from realm_jax import demo, errors
+from realm_jax import demo, errors, run_directory
+from realm_jax.models import flops
+from realm_jax.models.bert import BertConfig
+from realm_jax.training import run_loader
+from tests.helpers import RETRIEVAL, TINY
 
 pytestmark = pytest.mark.unit
 
@@ -177,3 +186,28 @@ def test_a_preset_brings_its_runs_and_leaves_what_it_never_reads():
   assert bundle.preset_runs('reproduce')[1] == ()
   with pytest.raises(errors.BadConfig, match="--preset='nope'"):
     bundle.preset_runs('nope')
+
+
+def test_throughput_is_the_median_step_after_compiling_over_the_peak(
+    tmp_path):
+  bindings = [f[len('--gin.'):].replace('=', ' = ', 1)
+              for f in TINY + RETRIEVAL if f.startswith('--gin.')]
+  run_loader.configure(['gin/runs/pretrain.gin', 'gin/models/tiny.gin'],
+                       bindings + ['Pretrain.block_length = 24'])
+  config = BertConfig()
+  (tmp_path / run_directory.CONFIG).write_text(gin.config_str())
+  gin.clear_config()
+  # The first step compiles: left out of the median.
+  (tmp_path / 'train_metrics.jsonl').write_text(''.join(
+      json.dumps({'step': step, 'step_seconds': seconds}) + '\n'
+      for step, seconds in enumerate([30.0, 0.2, 0.1, 0.3], 1)))
+  found = demo.throughput(str(tmp_path), {
+      'device': 'NVIDIA H100 80GB HBM3', 'bf16_matmul_tflops': 500.0})
+  gin.clear_config()
+  step = 8 * 3 * flops.pretrain_example(config, config, 16, 32, 24, 64, 4, 8)
+  assert found['step_seconds'] == 0.2 and found['batch_size'] == 8
+  assert found['model_tflop_per_step'] * 1e12 == pytest.approx(step)
+  assert found['mfu'] == pytest.approx(step / 0.2 / 989e12)
+  assert found['mfu_of_measured_matmul'] == pytest.approx(step / 0.2 / 500e12)
+  # A CPU has no data-sheet peak and no bf16 rate measured.
+  assert 'mfu' not in demo.throughput(str(tmp_path), {'device': None})
