@@ -19,6 +19,8 @@ logger, through which seqio and Orbax log, for those notices alone.
 import logging
 import os
 
+from etils import epath
+
 VERBOSE_ENV = 'REALM_JAX_VERBOSE'
 # TensorFlow's C++ log (XLA's too): 2 hides its INFO and WARNING lines, 3
 # its ERROR lines as well. Errors that matter reach Python as exceptions.
@@ -57,7 +59,7 @@ def quiet(show_all: bool = False) -> None:
   if verbose():
     return
   os.environ.setdefault(
-      TF_LOG_ENV, '2' if os.path.exists(NVIDIA_DRIVER) else '3')
+      TF_LOG_ENV, '2' if epath.Path(NVIDIA_DRIVER).exists() else '3')
   # absl's own logger: one of that name made here first would be a plain
   # logger, which absl would then use, naming itself as every line's caller.
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
