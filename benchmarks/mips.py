@@ -233,11 +233,15 @@ def _published_embeddings(index_dir: str):
   return embeddings
 
 
+# A smoke run's rows: past ScaNN's brute-force fallback, a few seconds each.
+QUICK_ROWS = 30_000
+
 def run(options) -> list[dict]:
   """One row per (dataset, dtype, searcher)."""
   rng = np.random.default_rng(0)
   if options.quick:
-    return _dataset('gaussian', rng.standard_normal((100_000, 128), np.float32),
+    return _dataset('gaussian',
+                    rng.standard_normal((QUICK_ROWS, 128), np.float32),
                     rng.standard_normal((BATCH, 128), np.float32))
   results = _dataset('gaussian',
                      rng.standard_normal((1_000_000, 128), np.float32),

@@ -84,7 +84,7 @@ PRESETS = {
     'world_small': WorldPreset(
         world.WorldSpec(people=300, no_document=20, attributes=('hometown',),
                         first_names=10, last_names=40, edited=0),
-        ict_steps=100, reader_steps=120, pretrain_steps=100,
+        ict_steps=60, reader_steps=80, pretrain_steps=60,
         refresh_interval=5, ablations=False),
 }
 

@@ -92,8 +92,10 @@ def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
   assert 0.95 <= mips_rows['bfloat16', 'exact']['recall_at_8'] < 1
   for name in ('numpy', 'exact', 'scann'):
     assert mips_rows['float32', name]['qps_batch_512'] > 0
-    assert mips_rows['float32', name]['index_bytes'] >= 100_000 * 128 * 4
-  assert mips_rows['bfloat16', 'exact']['index_bytes'] >= 100_000 * 128 * 2
+    assert (mips_rows['float32', name]['index_bytes'] >=
+            mips.QUICK_ROWS * 128 * 4)
+  assert (mips_rows['bfloat16', 'exact']['index_bytes'] >=
+          mips.QUICK_ROWS * 128 * 2)
   out = capsys.readouterr().out
   for name in ('encoder', 'train_step', 'embed', 'mips', 'sharing'):
     assert f'| {name} |' in out
