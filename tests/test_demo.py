@@ -148,6 +148,7 @@ def test_on_an_accelerator_the_table_names_the_device_the_step_and_stale():
       'comparisons': {'masked_lm': {'realm_vs_stale': {
           'masked_token_accuracy': _interval(18.0, 16.0)}}}}
   text = demo.markdown(results, {})
+  assert 'GFLOP/s in JAX on the device below.' in text
   assert ('1 x NVIDIA H100 80GB HBM3 with JAX 0.11.2' in text and
           '690.0 TFLOP/s' in text)
   assert ('median 107 ms, 598 examples/s, 11.2 model TFLOP per step; MFU '
@@ -158,7 +159,8 @@ def test_on_an_accelerator_the_table_names_the_device_the_step_and_stale():
   # The other ablations did not run: no random-span or EM rows.
   assert 'random-span' not in text and 'EM (%)' not in text
   # On a CPU the device line is left out.
-  assert 'Device:' not in demo.markdown({'machine': {'cpu': 'AMD EPYC'}}, {})
+  on_cpu = demo.markdown({'machine': {'cpu': 'AMD EPYC'}}, {})
+  assert 'Device:' not in on_cpu and 'GFLOP/s in JAX.' in on_cpu
 
 
 def test_the_runs_a_preset_reads_carry_their_own_bindings():
