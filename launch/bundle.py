@@ -59,27 +59,33 @@ class TooLarge(errors.UserError, ValueError):
   """A bundle that would exceed its size limit."""
 
 
+def _has_nq() -> bool:
+  """Whether $REALM_DATA_DIR holds nq_open, which NQ's runs read."""
+  from realm_jax.data import open_qa  # pylint: disable=g-import-not-at-top
+  data = os.environ.get(open_qa.DATA_DIR_ENV)
+  return bool(data) and (epath.Path(data) / 'nq_open').is_dir()
+
+
 def default_runs() -> list[tuple[str, ...]]:
   """The demo's ICT and pre-training runs, and NQ fine-tuning where
   $REALM_DATA_DIR holds nq_open: each run's gin files."""
-  from realm_jax.data import open_qa  # pylint: disable=g-import-not-at-top
-  names = ['ict', 'pretrain']
-  data = os.environ.get(open_qa.DATA_DIR_ENV)
-  if data and (epath.Path(data) / 'nq_open').is_dir():
-    names.append('finetune')
+  names = ['ict', 'pretrain'] + (['finetune'] if _has_nq() else [])
   return [(RUN_FILES[name], SETUP) for name in names]
 
 
 def preset_runs(name: str) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
   """(the runs of demo preset `name`, the splits it never reads): NQ's
-  training questions stay behind unless the preset fine-tunes."""
+  training questions stay behind unless the preset fine-tunes, and NQ's run
+  is left out where $REALM_DATA_DIR lacks nq_open (the demo then skips
+  recall)."""
   from realm_jax import demo  # pylint: disable=g-import-not-at-top
   if name not in demo.PRESETS:
     raise errors.BadConfig(f'--preset={name!r}; expected one of '
                            f'{sorted(demo.PRESETS)}.')
   preset = demo.PRESETS[name]
-  return (demo.example_runs(preset),
-          () if preset.finetune_steps else ('nq_open/train',))
+  runs = [run for run in demo.example_runs(preset)
+          if _has_nq() or run[0] != RUN_FILES['finetune']]
+  return runs, () if preset.finetune_steps else ('nq_open/train',)
 
 
 def _size(path: pathlib.Path) -> int:

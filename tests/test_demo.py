@@ -181,10 +181,16 @@ def test_the_runs_a_preset_reads_carry_their_own_bindings():
              for run in demo.example_runs(demo.PRESETS['reproduce']))
 
 
-def test_a_preset_brings_its_runs_and_leaves_what_it_never_reads():
+def test_a_preset_brings_its_runs_and_leaves_what_it_never_reads(
+    tmp_path, monkeypatch):
+  (tmp_path / 'nq_open').mkdir()
+  monkeypatch.setenv('REALM_DATA_DIR', str(tmp_path))
   runs, leave_out = bundle.preset_runs('gpu')
-  assert runs and all(run[1] == 'gin/setups/gpu_demo.gin' for run in runs)
+  assert runs == demo.example_runs(demo.PRESETS['gpu'])
   assert leave_out == ('nq_open/train',)  # No fine-tuning in the preset.
+  # Without NQ's files, its run stays behind (and the demo skips recall).
+  monkeypatch.delenv('REALM_DATA_DIR')
+  assert bundle.preset_runs('gpu')[0] == runs[:-1]
   assert bundle.preset_runs('reproduce')[1] == ()
   with pytest.raises(errors.BadConfig, match="--preset='nope'"):
     bundle.preset_runs('nope')
