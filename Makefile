@@ -37,7 +37,7 @@ world: setup
 	$(BIN)/realm-jax demo --preset=world
 
 # Every test, as CI runs it (about 25 minutes on 2 cores of an Intel Xeon
-# before the world's learning test; about 32 on an AMD EPYC with it).
+# before the world's learning test; 32-35 on an AMD EPYC with it).
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
