@@ -2,6 +2,7 @@
 s; and where a start-up's seconds go."""
 
 import contextlib
+import math
 import sys
 import time
 
@@ -11,6 +12,14 @@ def _duration(seconds: float) -> str:
   hours, rest = divmod(seconds, 3600)
   return (f'{hours}h{rest // 60:02d}m' if hours else
           f'{rest // 60}m{rest % 60:02d}s')
+
+
+def _decimals(total: float) -> int:
+  """Decimals that show a fractional total to three significant figures
+  (at most three), so a 0.3 MB file reads 0.300/0.300, not 0/0."""
+  if total <= 0 or float(total).is_integer() or total >= 100:
+    return 0
+  return min(3, 2 - math.floor(math.log10(total)))
 
 
 class Progress:
@@ -33,10 +42,10 @@ class Progress:
     return (self.done - self._done_at_start) / elapsed if elapsed > 0 else 0.0
 
   def line(self) -> str:
-    rate = self.rate
-    text = (f'{self.what} {self.done:,.0f}/{self.total:,.0f} '
-            f'({100 * self.done / max(self.total, 1):.0f}%) '
-            f'{rate:.1f} {self.unit}/s')
+    rate, places = self.rate, _decimals(self.total)
+    share = 100 * self.done / self.total if self.total > 0 else 100
+    text = (f'{self.what} {self.done:,.{places}f}/{self.total:,.{places}f} '
+            f'({share:.0f}%) {rate:.1f} {self.unit}/s')
     if self.also:
       text += f' {rate * self.also[0]:.1f} {self.also[1]}/s'
     if 0 < self.done < self.total and rate > 0:

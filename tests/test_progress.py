@@ -41,3 +41,18 @@ def test_resumed_run_rates_count_only_this_run_and_show_examples():
   progress.update(5)
   assert stream.getvalue() == (
       'train 25/30 (83%) 1.0 steps/s 8.0 examples/s ETA 0m05s\n')
+
+
+@pytest.mark.parametrize('total,line', [
+    (0.3, 'read 0.150/0.300 (50%) 0.1 MB/s ETA 0m02s'),
+    (12.34, 'read 6.2/12.3 (50%) 3.1 MB/s ETA 0m02s'),
+    (1234.5, 'read 617/1,234 (50%) 308.6 MB/s ETA 0m02s'),
+])
+def test_fractional_totals_show_their_figures(total, line):
+  """A file read in MB: under 1 MB it once printed 'read 0/0 (30%)'."""
+  clock, stream = _Clock(), io.StringIO()
+  progress = Progress('read', total, unit='MB', every_s=0, stream=stream,
+                      clock=clock)
+  clock.now = 2.0
+  progress.update(total / 2)
+  assert stream.getvalue() == line + '\n'
