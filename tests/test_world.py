@@ -151,9 +151,9 @@ def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):
   start, end = steps[0], steps[-1]
   held_out = results['held_out']
   realm, baseline = held_out['realm'], held_out['baseline']
-  # From the warm starts (the trainer's evaluation at step 0, the ICT
-  # index) to the trained model with the index of its last step, on the
-  # same held-out queries.
+  # From the warm starts (the trainer's evaluation at step 0, with the ICT
+  # index, of the whole batches of held-out queries: 112 of the 120) to the
+  # trained model with the index of its last step, on all 120.
   assert realm['index_step'] == realm['step']
   assert realm['recall@1'] > curve['recall@1'][start] + 0.3, (realm, curve)
   assert realm['masked_token_accuracy'] > curve['accuracy'][start] + 0.15, (
