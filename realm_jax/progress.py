@@ -16,7 +16,7 @@ def _duration(seconds: float) -> str:
 
 def _decimals(total: float) -> int:
   """Decimals that show a fractional total to three significant figures
-  (at most three), so a 0.3 MB file reads 0.300/0.300, not 0/0."""
+  (three decimals at most), so a 0.3 MB file reads 0.300/0.300, not 0/0."""
   if total <= 0 or float(total).is_integer() or total >= 100:
     return 0
   return min(3, 2 - math.floor(math.log10(total)))
