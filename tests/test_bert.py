@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from realm_jax.models.bert import Bert, BertConfig, attend, mean_pool
+from realm_jax.models.attention import attend
+from realm_jax.models.bert import Bert, BertConfig, mean_pool
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import train_step
-from realm_jax.models import bert
+from realm_jax.models import bert, products
 from realm_jax.training import run_loader
 
 pytestmark = pytest.mark.unit
@@ -32,7 +32,7 @@ def _operands(shapes):
 @pytest.mark.parametrize('spec', SPECS)
 def test_contract_in_float32_is_einsum_with_its_gradients(spec):
   a, b, w = _operands(SPECS[spec])
-  ours = lambda a, b: jnp.sum(bert.contract(spec, a, b, jnp.float32) * w)
+  ours = lambda a, b: jnp.sum(products.contract(spec, a, b, jnp.float32) * w)
   einsum = lambda a, b: jnp.sum(jnp.einsum(spec, a, b) * w)
   np.testing.assert_allclose(ours(a, b), einsum(a, b), rtol=1e-5)
   for got, want in zip(jax.grad(ours, (0, 1))(a, b),
@@ -49,13 +49,13 @@ def test_contract_in_bfloat16_sums_rounded_operands_in_float32(spec):
   rounded = lambda x: x.astype(jnp.bfloat16).astype(jnp.float32)
   exact = lambda s, x, y: jnp.einsum(s, x, y,
                                      precision=jax.lax.Precision.HIGHEST)
-  out = bert.contract(spec, a, b, jnp.bfloat16)
+  out = products.contract(spec, a, b, jnp.bfloat16)
   assert out.dtype == jnp.float32
   np.testing.assert_allclose(out, exact(spec, rounded(a), rounded(b)),
                              rtol=1e-5, atol=1e-5)
   operands, result = spec.split('->')
   a_spec, b_spec = operands.split(',')
-  loss = lambda a, b: jnp.sum(bert.contract(spec, a, b, jnp.bfloat16) * w)
+  loss = lambda a, b: jnp.sum(products.contract(spec, a, b, jnp.bfloat16) * w)
   grad_a, grad_b = jax.grad(loss, (0, 1))(a, b)
   assert grad_a.dtype == grad_b.dtype == jnp.float32
   np.testing.assert_allclose(

@@ -15,6 +15,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from realm_jax.data import block_store, corpus
+from realm_jax.models import target
 from realm_jax.models.retriever import Retriever
 from realm_jax.progress import Progress
 
@@ -76,10 +77,16 @@ class DocumentEmbedder:
                               (jax.sharding.AxisType.Auto,), devices=devices)
     self._sharding = NamedSharding(self.mesh, P('data'))
     replicated = NamedSharding(self.mesh, P())
-    self._embed = jax.jit(
-        lambda params, batch: retriever.apply(
+    platform = target.platform_of(devices)
+
+    def embed(params, batch):
+      with target.compiling_for(platform, self.mesh):
+        return retriever.apply(
             {'params': params}, batch['token_ids'], batch['input_mask'],
-            batch['token_type_ids'], method='embed_documents'),
+            batch['token_type_ids'], method='embed_documents')
+
+    self._embed = jax.jit(
+        embed,
         in_shardings=(replicated, self._sharding),
         out_shardings=self._sharding)
     self._replicated = replicated

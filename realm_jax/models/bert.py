@@ -15,6 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from realm_jax.models.attention import attend
+from realm_jax.models.products import contract
+
 
 ACTIVATIONS = {
     'gelu': functools.partial(nn.gelu, approximate=False),
@@ -25,66 +28,6 @@ ACTIVATIONS = {
 def _dtype(value) -> jnp.dtype:
   """Accepts 'bfloat16', jnp.bfloat16 or a numpy dtype (gin passes strings)."""
   return jnp.dtype(value)
-
-
-def contract(spec: str, a, b, dtype):
-  """jnp.einsum(spec, a, b) on operands rounded to `dtype`, accumulated and
-  returned in float32; in the backward pass likewise, each gradient
-  returned in its operand's own dtype.
-
-  Every product of the model goes through here. A bfloat16 x bfloat16 ->
-  float32 product is what accelerators compute anyway, and XLA:CPU runs it
-  on AVX512_BF16 at about twice its float32 rate; a bfloat16 result, or
-  the float32 cotangent autodiff would send back, makes it a float32
-  matmul. A float32 kernel's gradient is the float32 sum, never rounded to
-  bfloat16.
-  """
-  return _contract(spec, jnp.dtype(dtype).name, a, b)
-
-
-def _batched(spec: str) -> bool:
-  """Whether an axis of `spec` is in both operands and the result."""
-  operands, out = spec.split('->')
-  a, b = operands.split(',')
-  return bool(set(a) & set(b) & set(out))
-
-
-def _product(spec: str, a, b):
-  """float32 einsum of two operands of one dtype."""
-  if a.dtype != jnp.float32 and _batched(spec) and (
-      jax.default_backend() == 'cpu'):
-    # XLA:CPU (jax 0.10) has no bfloat16 x bfloat16 -> float32 kernel for
-    # some batched layouts ("Unsupported element type for DotThunk"). The
-    # same sum in float32: products of bfloat16 values are exact in float32.
-    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _contract(spec, dtype, a, b):
-  return _product(spec, a.astype(dtype), b.astype(dtype))
-
-
-def _contract_fwd(spec, dtype, a, b):
-  low_a, low_b = a.astype(dtype), b.astype(dtype)
-  # Empty arrays carry the operands' dtypes to the backward pass.
-  return _product(spec, low_a, low_b), (low_a, low_b, jnp.zeros(0, a.dtype),
-                                        jnp.zeros(0, b.dtype))
-
-
-def _contract_bwd(spec, dtype, residuals, cotangent):
-  """The two transposed products, on the cotangent rounded to `dtype`."""
-  low_a, low_b, like_a, like_b = residuals
-  operands, out = spec.split('->')
-  a_spec, b_spec = operands.split(',')
-  cotangent = cotangent.astype(dtype)
-  return (_product(f'{out},{b_spec}->{a_spec}', cotangent,
-                   low_b).astype(like_a.dtype),
-          _product(f'{a_spec},{out}->{b_spec}', low_a,
-                   cotangent).astype(like_b.dtype))
-
-
-_contract.defvjp(_contract_fwd, _contract_bwd)
 
 
 @gin.configurable
@@ -114,9 +57,11 @@ class BertConfig:
       project its output; our own towers project the raw [CLS]).
     hidden_act: 'gelu' (exact, erf) or 'gelu_new' (the tanh approximation of
       Google's original BERT code, which the released REALM models use).
-    attention_chunk: sequences attended at a time without dropout (see
-      `attend`); None picks for the backend: 2 on CPU, 0 (all at once)
-      elsewhere. `realm-jax aot` sets 0, as it compiles for accelerators.
+    attention_chunk: sequences XLA's attention takes at a time on CPU
+      (models/attention.py); None: 2 on CPU, all at once elsewhere.
+    attention_implementation: 'xla', 'cudnn' (GPUs) or 'splash' (TPUs), or
+      None: the target's fused kernel, unless attention dropout is active
+      (the fused kernels drop no probabilities), else XLA's form.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -135,6 +80,7 @@ class BertConfig:
   add_pooler: bool = False
   hidden_act: str = 'gelu'
   attention_chunk: int | None = None
+  attention_implementation: str | None = None
 
   def __post_init__(self):
     object.__setattr__(self, 'dtype', _dtype(self.dtype))
@@ -186,7 +132,7 @@ class Dense(nn.Module):
   The product is the compute dtype's (`contract`); the bias is added in
   float32, so its gradient sums over tokens in float32, and the sum is
   returned as `dtype` (default the compute dtype; float32 for scores a
-  softmax reads).
+  softmax reads, whose product then returns float32 too).
   """
   config: BertConfig
   features: tuple[int, ...]
@@ -204,9 +150,10 @@ class Dense(nn.Module):
         nn.initializers.zeros, self.kernel_names[self.in_axes:]),
                       self.features, c.param_dtype)
     inputs, outputs = 'abcd'[:self.in_axes], 'wxyz'[:len(self.features)]
+    dtype = jnp.dtype(self.dtype or c.dtype)
     y = contract(f'...{inputs},{inputs}{outputs}->...{outputs}', x, kernel,
-                 c.dtype) + bias
-    return y.astype(self.dtype or c.dtype)
+                 c.dtype, jnp.float32 if dtype == jnp.float32 else None)
+    return (y + bias).astype(dtype)
 
 
 def dense(config: BertConfig, features, kernel_names: tuple[str, ...],
@@ -255,38 +202,7 @@ class Embeddings(nn.Module):
   def attend(self, hidden):
     """float32 vocabulary logits, the word embeddings the (tied) decoder."""
     return contract('...h,vh->...v', hidden, self.word_embeddings.embedding,
-                    self.config.dtype)
-
-
-def _attention(query, key, value, input_mask, dtype, dropout=None):
-  """softmax(q k^T / sqrt(d)) v over [batch, length, heads, head_dim]."""
-  logits = contract('bqhd,bkhd->bhqk', query, key, dtype) / jnp.sqrt(
-      jnp.float32(query.shape[-1]))
-  # Softmax in float32; a fully padded row attends uniformly instead of NaN.
-  logits = jnp.where(input_mask[:, None, None, :].astype(bool), logits,
-                     jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
-  if dropout is not None:
-    probs = dropout(probs)
-  return contract('bhqk,bkhd->bqhd', probs, value, dtype).astype(dtype)
-
-
-def attend(query, key, value, input_mask, dtype, dropout=None,
-           chunk: int | None = None):
-  """Attention, on CPU without dropout a `chunk` of sequences at a time.
-
-  XLA's CPU backend writes the whole [batch, heads, length, length] score
-  tensor to memory before the softmax reads it back. A loop over pairs of
-  sequences keeps each pair's scores in cache: MiniLM at 288 wordpieces runs
-  1.8x faster (docs/benchmarks.md). Accelerators, and dropout on the
-  probabilities, take the one-shot form.
-  """
-  if chunk is None:
-    chunk = 2 if jax.default_backend() == 'cpu' else 0
-  if dropout is not None or not chunk:
-    return _attention(query, key, value, input_mask, dtype, dropout)
-  one = lambda args: _attention(*(a[None] for a in args), dtype)[0]
-  return jax.lax.map(one, (query, key, value, input_mask), batch_size=chunk)
+                    self.config.dtype, jnp.float32)
 
 
 class SelfAttention(nn.Module):
@@ -308,7 +224,7 @@ class SelfAttention(nn.Module):
       dropout = functools.partial(nn.Dropout(c.attention_dropout_rate),
                                   deterministic=False)
     context = attend(query, key, value, input_mask, c.dtype, dropout,
-                     c.attention_chunk)
+                     c.attention_chunk, c.attention_implementation)
     context = nn.with_logical_constraint(context, activation_names)
     out = dense(c, c.hidden_size, ('heads', 'kv', 'embed'), 'out',
                 in_axes=2)(context)

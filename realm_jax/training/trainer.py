@@ -23,6 +23,7 @@ import optax
 from flax import linen as nn
 
 from realm_jax import distributed, errors, run_directory, run_guard
+from realm_jax.models import target
 from realm_jax.progress import Progress
 from realm_jax.training import input_pipeline, optimizer, partitioning
 from realm_jax.training.batches import BatchPreparer
@@ -51,6 +52,7 @@ class Trainer:
   def __init__(self, objective: Objective, mesh, num_steps: int,
                seed: int = 0):
     self.objective, self.mesh = objective, mesh
+    self.platform = target.platform_of(mesh.devices)
     self.microbatches = objective.microbatches
     self.rng = jax.random.PRNGKey(seed)
     boxed = jax.eval_shape(objective.init, self.rng)
@@ -76,8 +78,7 @@ class Trainer:
         self.state_shardings)
     self._step = None
     # The deterministic loss' metrics, for held-out evaluation.
-    self.evaluate = jax.jit(
-        lambda p, x: objective.loss(p, x, self.rng, True)[1])
+    self.evaluate = jax.jit(self._evaluate)
 
   def fresh_params(self):
     """Newly initialized parameters, placed as the step shards them."""
@@ -133,9 +134,14 @@ class Trainer:
                                        (slices, jnp.arange(count)))
     return jax.tree.map(lambda x: x / count, (metrics, grads))
 
+  def _evaluate(self, params, inputs):
+    with target.compiling_for(self.platform, self.mesh):
+      return self.objective.loss(params, inputs, self.rng, True)[1]
+
   def _train_step(self, state: TrainState, inputs):
     rng = jax.random.fold_in(state.rng, state.step)
-    metrics, grads = self.gradients(state.params, inputs, rng)
+    with target.compiling_for(self.platform, self.mesh):
+      metrics, grads = self.gradients(state.params, inputs, rng)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     metrics = {**metrics, 'learning_rate': self.schedule(state.step),
                'gradient_norm': jnp.sqrt(sum(
