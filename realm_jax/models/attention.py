@@ -62,12 +62,23 @@ def _lengths(input_mask):
 
 def _cudnn(query, key, value, input_mask, dtype, implementation='cudnn'):
   """cuDNN's fused kernel; `implementation='xla'` runs the same call on any
-  backend, which is how CPU tests check the lengths it is given."""
+  backend, which is how CPU tests check the lengths it is given. Shapes
+  cuDNN refuses (it says so while tracing) take XLA's form, said once."""
   lengths = _lengths(input_mask)
-  return jax.nn.dot_product_attention(
-      query.astype(dtype), key.astype(dtype), value.astype(dtype),
-      scale=float(query.shape[-1]) ** -0.5, query_seq_lengths=lengths,
-      key_value_seq_lengths=lengths, implementation=implementation)
+  try:
+    return jax.nn.dot_product_attention(
+        query.astype(dtype), key.astype(dtype), value.astype(dtype),
+        scale=float(query.shape[-1]) ** -0.5, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths, implementation=implementation)
+  except NotImplementedError as refusal:
+    _say_refused(str(refusal))
+    return reference(query, key, value, input_mask, dtype)
+
+
+@functools.cache
+def _say_refused(reason: str) -> None:
+  log.warning('cuDNN fused attention refused these shapes (%s); XLA\'s '
+              'unfused form instead.', reason)
 
 
 def _splash_kernel(heads: int, length: int, interpret: bool):
@@ -153,13 +164,18 @@ def attend(query, key, value, input_mask, dtype, dropout=None,
   probabilities) is applied by XLA's form only; `chunk` is the sequences
   XLA's form attends at a time (None: 2 on CPU, all elsewhere)."""
   kernel = choose(implementation, dtype, dropout is not None)
+  platform = target.target_platform()
+  # Asked for on a target that cannot run it, a fused kernel runs in its
+  # portable form, same arguments: cuDNN's call through XLA, the splash
+  # kernel in Pallas's interpreter (how CPU tests check them).
   if kernel == 'cudnn':
-    return _cudnn(query, key, value, input_mask, dtype)
+    return _cudnn(query, key, value, input_mask, dtype,
+                  'cudnn' if platform == 'gpu' else 'xla')
   if kernel == 'splash':
     return _splash(query, key, value, input_mask, dtype,
-                   interpret=target.target_platform() != 'tpu')
+                   interpret=platform != 'tpu')
   if chunk is None:
-    chunk = 2 if target.target_platform() == 'cpu' else 0
+    chunk = 2 if platform == 'cpu' else 0
   if dropout is not None or not chunk:
     return reference(query, key, value, input_mask, dtype, dropout)
   return _chunked(query, key, value, input_mask, dtype, chunk)
