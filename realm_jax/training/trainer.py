@@ -46,12 +46,16 @@ class Trainer:
   backward passes on that many equal slices of the batch in turn and
   averages their losses and gradients, so only one slice's activations are
   live at a time (what fits BERT-base at batch 512 on 64 chips;
-  docs/scaling.md).
+  docs/scaling.md). With a `memory_budget` (bytes a device may allocate for
+  the step beyond its arguments), the first step is compiled ahead and the
+  batch split into more microbatches until XLA's memory analysis says it
+  fits (`fit_microbatches`).
   """
 
   def __init__(self, objective: Objective, mesh, num_steps: int,
-               seed: int = 0):
+               seed: int = 0, memory_budget: int | None = None):
     self.objective, self.mesh = objective, mesh
+    self.memory_budget = memory_budget
     self.platform = target.platform_of(mesh.devices)
     self.microbatches = objective.microbatches
     self.rng = jax.random.PRNGKey(seed)
@@ -164,8 +168,46 @@ class Trainer:
     """One update; `inputs` are this process's rows (numpy)."""
     inputs = partitioning.global_batch(inputs, self.mesh)
     if self._step is None:
-      self._step = self._jit_step(inputs)
+      if self.memory_budget is None:
+        self._step = self._jit_step(inputs)
+      else:
+        self._step = self.fit_microbatches(state, inputs, self.memory_budget)
     return self._step(state, inputs)
+
+  def step_memory(self, state, inputs):
+    """(compiled step, bytes it allocates beyond its arguments) for the
+    current `microbatches`; `state` and `inputs` may be abstract."""
+    compiled = self._jit_step(inputs).lower(state, inputs).compile()
+    memory = compiled.memory_analysis()
+    return compiled, (memory.temp_size_in_bytes + memory.output_size_in_bytes
+                      - memory.alias_size_in_bytes)
+
+  def fit_microbatches(self, state, inputs, budget: int):
+    """The step compiled with the fewest microbatches (the objective's,
+    doubled while the batch divides) whose new buffers fit `budget` bytes
+    per device; sets `microbatches`. A batch that fits in no split raises
+    MemoryError with the figures."""
+    batch = jax.tree.leaves(inputs)[0].shape[0]
+    data = self.mesh.shape['data']
+    tried = []
+    count = self.microbatches
+    while True:
+      self.microbatches = count
+      compiled, needed = self.step_memory(state, inputs)
+      tried.append((count, needed))
+      if needed <= budget:
+        if count != self.objective.microbatches:
+          log.info('batch %d split into %d microbatches to fit %.2f GiB '
+                   'per device (%s)', batch, count, budget / 2**30,
+                   _tried(tried))
+        return compiled
+      count *= 2
+      if batch % (count * data):
+        raise MemoryError(
+            f'The step does not fit {budget / 2**30:.2f} GiB per device '
+            f'in any split of the batch of {batch} over {data} '
+            f'data-parallel devices ({_tried(tried)}): lower '
+            'train.batch_size, or set BertConfig.remat.')
 
   def lower(self, abstract_inputs: dict):
     """The step lowered for a global batch of `jax.ShapeDtypeStruct`s (see
@@ -173,6 +215,22 @@ class Trainer:
     return self._jit_step(abstract_inputs).lower(self.abstract_state,
                                                  abstract_inputs)
 
+
+
+def _tried(tried) -> str:
+  return ', '.join(f'{count} microbatch(es): {needed / 2**30:.2f} GiB'
+                   for count, needed in tried)
+
+
+def memory_budget(mesh, fraction: float) -> int | None:
+  """`fraction` of the memory the mesh's first local device has free now,
+  in bytes; None where the device does not report it (CPUs)."""
+  device = next(d for d in mesh.devices.flat
+                if d.process_index == jax.process_index())
+  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
+  if not stats or 'bytes_limit' not in stats:
+    return None
+  return int(fraction * (stats['bytes_limit'] - stats.get('bytes_in_use', 0)))
 
 
 def held_out_metrics(run: RunKind, preparer: BatchPreparer, evaluate, mesh,
@@ -209,7 +267,8 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
           keep_checkpoints: int = 3, log_every: int = 10,
           eval_every: int | None = None, eval_batches: int = 10,
           eval_batch_size: int | None = None,
-          data_shards: int | None = None, prefetch: bool = True) -> TrainState:
+          data_shards: int | None = None, prefetch: bool = True,
+          memory_fraction: float | None = 0.9) -> TrainState:
   """Trains `run` to `num_steps`, resuming from model_dir's newest checkpoint.
 
   Args:
@@ -232,6 +291,10 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       retrieval overlaps the device step. After a step that is saved the
       next batch is retrieved with the saved parameters, as a run resumed
       there does: resumes stay exact.
+    memory_fraction: on devices that report their memory (GPUs, TPUs), the
+      share of what is free at the first step that the step may allocate:
+      a batch that needs more is split into more microbatches
+      (`Trainer.fit_microbatches`). None compiles the step as configured.
   """
   distributed.initialize()
   model_dir = run_directory.absolute(model_dir)
@@ -259,6 +322,9 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       _check_position(saved, position, checkpoints.directory, latest)
       log.info('resumed from step %d of %s', latest, checkpoints.directory)
     start = int(state.step)
+    if memory_fraction is not None:
+      # Measured with the state in place: what the step may add to it.
+      trainer.memory_budget = memory_budget(mesh, memory_fraction)
     preparer.start(state.params, start, warm_index)
     if jax.process_index() == 0:
       drop_rows_after(metrics_path(model_dir), start)
