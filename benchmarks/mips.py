@@ -5,9 +5,9 @@ Searchers, side by side on the same vectors and queries:
   - numpy: brute force (one matmul, argpartition);
   - exact: realm_jax.index.exact.ExactSearcher (chunked JAX matmul + top-k,
     sharded over the devices), on float32 or bfloat16 rows;
-  - approx-max-k: the same matmul, chunk by chunk, with
-    `jax.lax.approx_max_k` (recall target 0.95) in place of the exact top-k
-    (approximate on TPU; XLA:CPU and GPU may compute it exactly);
+  - approx-max-k: the same searcher with `jax.lax.approx_max_k` (recall
+    target 0.95) in place of the exact top-k of each chunk (approximate on
+    TPU, its default there; XLA:CPU and GPU compute it exactly, by sorting);
   - scann: realm_jax.index.scann_searcher.build_scann's default (asymmetric
     hashing over every row, exact re-scoring of 1,000), and scann-tree, the
     same behind a k-means tree of sqrt(N) leaves searching a tenth of them;
@@ -23,6 +23,13 @@ embeddings of a published index
 (`--index_dir`, default the demo's pre-training index), queried with 512 of
 its own rows (each finds itself first). Recall is against float32 brute
 force, so the bfloat16 rows show what the storage costs.
+
+`sweep` (the accelerator mode of benchmarks/run.py): exact search of 512
+queries, top-8, over 13,353,718 x 128 bfloat16 rows generated on the device,
+for chunk sizes x selection methods x group sizes
+(realm_jax.index.exact.Selection): milliseconds per call against the
+bounds, the FLOPs at the device's bf16 peak and the rows' bytes at its
+memory bandwidth. On a CPU the same code runs at 200,000 rows.
 """
 
 import gc
@@ -75,33 +82,12 @@ def _exact(rows):
   return (lambda q: searcher.search(q, K)[1]), searcher.embeddings.nbytes
 
 
-def _approx_max_k(rows, chunk: int = 1 << 20):
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  chunk = min(chunk, len(rows))
-  padding = -len(rows) % chunk
-  table = jnp.asarray(np.pad(rows, ((0, padding), (0, 0)))).reshape(
-      -1, chunk, rows.shape[1])
-  starts = jnp.arange(table.shape[0]) * chunk
-
-  @jax.jit
-  def search(queries):
-    queries = queries.astype(table.dtype)
-
-    def one(chunk_and_start):
-      block, start = chunk_and_start
-      scores = jnp.einsum('qd,nd->qn', queries, block,
-                          preferred_element_type=jnp.float32)
-      ids = start + jnp.arange(chunk)
-      scores = jnp.where(ids < len(rows), scores, -jnp.inf)
-      values, top = jax.lax.approx_max_k(scores, K, recall_target=0.95)
-      return values, top + start
-    values, ids = jax.lax.map(one, (table, starts))
-    values = jnp.moveaxis(values, 0, 1).reshape(len(queries), -1)
-    ids = jnp.moveaxis(ids, 0, 1).reshape(len(queries), -1)
-    _, best = jax.lax.top_k(values, K)
-    return jnp.take_along_axis(ids, best, axis=1)
-  return (lambda q: np.asarray(search(q))), table.nbytes
+def _approx_max_k(rows):
+  """ExactSearcher with `approx_max_k` per chunk: the rows are placed on
+  the devices once and passed to the search as an argument."""
+  from realm_jax.index.exact import ExactSearcher  # pylint: disable=g-import-not-at-top
+  searcher = ExactSearcher(rows, method='approx_max_k', recall_target=0.95)
+  return (lambda q: searcher.search(q, K)[1]), searcher.embeddings.nbytes
 
 
 def _scann(rows, **tree):
@@ -261,3 +247,174 @@ def run(options) -> list[dict]:
   rows = _published_embeddings(options.index_dir).astype(np.float32)
   queries = rows[rng.choice(len(rows), BATCH, replace=False)]
   return results + _dataset(f'corpus ({options.index_dir})', rows, queries)
+
+
+# The accelerator sweep: exact search at the paper's size, every selection.
+
+SWEEP_CPU_ROWS = 200_000
+SWEEP_QUICK_ROWS = 50_000
+
+
+def sweep_selections(platform: str, quick: bool = False) -> list:
+  """The selections `sweep` times on `platform`, the likeliest first (a
+  sweep cut short by its time budget keeps the ones that matter): the
+  platform's default, bigger chunks (fewer kernel launches; [512 x chunk]
+  float32 scores: 2 GB at 1M rows), group sizes, the one-pass `top_k`,
+  small chunks (their scores fit in the L2 cache), unrolled scans, the
+  previous default and `approx_max_k`."""
+  from realm_jax.index.exact import Selection, selection_for  # pylint: disable=g-import-not-at-top
+  default = selection_for(platform)
+  if quick:
+    grid = [default, Selection(16384, 'two_stage', 64),
+            Selection(16384, 'top_k'), Selection(16384, 'approx_max_k')]
+  elif platform == 'cpu':
+    grid = [default, Selection(16384, 'two_stage', 128),
+            Selection(32768, 'two_stage', 128),
+            Selection(65536, 'two_stage', 64),
+            Selection(65536, 'two_stage', 256),
+            Selection(16384, 'two_stage', 128, unroll=4),
+            Selection(65536, 'top_k'), Selection(16384, 'top_k'),
+            Selection(65536, 'approx_max_k')]
+  else:
+    grid = [default,
+            Selection(1 << 20, 'two_stage', 128),
+            Selection(1 << 19, 'two_stage', 128),
+            Selection(1 << 21, 'two_stage', 128),
+            *(Selection(1 << 20, 'two_stage', g) for g in (256, 512, 64, 32)),
+            *(Selection(1 << 18, 'two_stage', g) for g in (256, 512)),
+            Selection(1 << 18, 'top_k'), Selection(1 << 20, 'top_k'),
+            Selection(1 << 16, 'two_stage', 128),
+            Selection(1 << 16, 'two_stage', 128, unroll=4),
+            Selection(1 << 14, 'two_stage', 128),
+            Selection(1 << 14, 'two_stage', 128, unroll=8),
+            Selection(1 << 18, 'approx_max_k')]
+  seen = set()
+  return [s for s in grid if not (s in seen or seen.add(s))]
+
+
+def _timed_calls(fn, args, calls: int) -> tuple[float, float, object]:
+  """(seconds of the first call, compile included; median seconds of
+  `calls` more; the first result). Device arrays, waited for."""
+  import jax  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  first = jax.block_until_ready(fn(*args))
+  first_s = time.perf_counter() - start
+  jax.block_until_ready(fn(*args))  # Warm-up.
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return first_s, statistics.median(times), first
+
+
+def sweep(num_rows: int, dim: int = 128, queries: int = BATCH, k: int = K,
+          selections=None, calls: int = 5, budget_s: float | None = None,
+          quick: bool = False) -> list[dict]:
+  """Exact search of `queries` random queries over `num_rows` x `dim`
+  bfloat16 random rows, both generated on device 0 (no host transfer), for
+  each selection (default `sweep_selections`): ms per call (median of
+  `calls` after a warm-up) against the bounds, and the first call's
+  seconds (compile included). Each row's ids are compared
+  with the first row's (`same_ids`: the fraction equal; exact selections
+  agree but for float rounding of near-ties across shapes). The last row
+  runs ExactSearcher's sharded program at the default selection. A row
+  starts only if the previous one's time still fits in `budget_s` seconds
+  (counted from the start, the table's generation included); the rows not
+  started say so."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from benchmarks import peak  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import exact  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import target  # pylint: disable=g-import-not-at-top
+  began = time.perf_counter()
+  device = jax.devices()[0]
+  platform = target.platform_of([device])
+  selections = list(selections or sweep_selections(platform, quick))
+  table_key, query_key = jax.random.split(jax.random.PRNGKey(0))
+  one = jax.sharding.SingleDeviceSharding(device)
+  table = jax.jit(lambda key: jax.random.normal(key, (num_rows, dim),
+                                                jnp.bfloat16),
+                  out_shardings=one)(table_key)
+  query = jax.jit(lambda key: jax.random.normal(key, (queries, dim),
+                                                jnp.bfloat16),
+                  out_shardings=one)(query_key)
+  exclude = jax.device_put(np.full((queries, 1), -1, np.int32), device)
+  jax.block_until_ready((table, query))
+  flop_rate, flop_source = peak.device_peak(jnp.bfloat16, jnp.float32)
+  byte_rate, byte_source = peak.device_bandwidth()
+  flops = 2.0 * queries * num_rows * dim
+  bound_ms = {'flops': flops / flop_rate * 1e3,
+              'rows': table.nbytes / byte_rate * 1e3,
+              # Scores written as float32 and read back once: the floor of
+              # any form that writes them to memory.
+              'scores': 2 * 4 * queries * num_rows / byte_rate * 1e3}
+  base = {'benchmark': 'mips_sweep', 'device': device.device_kind,
+          'compiler': f'jax {jax.__version__} ({device.platform})',
+          'rows': num_rows, 'dim': dim, 'queries': queries, 'k': k,
+          'dtype': 'bfloat16', 'bound_ms': max(bound_ms['flops'],
+                                               bound_ms['rows']),
+          'flops_bound_ms': bound_ms['flops'],
+          'read_bound_ms': bound_ms['rows'],
+          'scores_round_trip_ms': bound_ms['scores'],
+          'peak_source': f'{flop_source}; {byte_source}'}
+  rows, reference, needed = [], None, 0.0
+  runs = [(s, 'exact_search') for s in selections]
+  runs.append((exact.selection_for(platform), 'ExactSearcher (sharded)'))
+  for selection, program in runs:
+    row = {**base, 'program': program, 'method': selection.method,
+           'chunk_size': selection.chunk_size,
+           'group': selection.group if selection.method == 'two_stage'
+                    else '', 'unroll': selection.unroll}
+    if budget_s is not None and (time.perf_counter() - began + needed
+                                 > budget_s):
+      rows.append({**row, 'skipped': f'time budget of {budget_s:.0f} s '
+                                     'spent'})
+      print(rows[-1], flush=True)
+      continue
+    row_began = time.perf_counter()
+    try:
+      if program == 'exact_search':
+        search = lambda q, t, e, s=selection: exact.exact_search(
+            q, t, k, exclude_ids=e, selection=s)
+        args = (query, table, exclude)
+      else:
+        mesh = exact.index_mesh([device])
+        split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+            exact.AXIS))
+        whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        search = exact.sharded_top_k(mesh, num_rows, k, selection=selection)
+        args = (jax.device_put(query, whole), jax.device_put(table, split),
+                jax.device_put(np.ones(num_rows, bool), split),
+                jax.device_put(exclude, whole))
+      first_s, seconds, (_, ids) = _timed_calls(search, args, calls)
+    except Exception as error:  # pylint: disable=broad-except
+      # Out of memory, or a shape the compiler refuses: the next one runs.
+      rows.append({**row, 'error': f'{type(error).__name__}: '
+                                   f'{str(error)[:300]}'})
+      print(rows[-1], flush=True)
+      continue
+    needed = time.perf_counter() - row_began
+    ids = np.asarray(ids)
+    if reference is None:
+      reference = ids
+    rows.append({**row, 'ms': seconds * 1e3,
+                 'first_call_s': first_s,
+                 'ratio_to_bound': seconds * 1e3 / row['bound_ms'],
+                 'tflop_per_s': flops / seconds / 1e12,
+                 'same_ids': float(np.mean(ids == reference))})
+    print(rows[-1], flush=True)
+  return rows
+
+
+def run_sweep(options) -> list[dict]:
+  """`sweep` at the paper's size on an accelerator; 200,000 rows on a CPU
+  (50,000 with --quick); in the time `options.time_left()` gives, if any."""
+  import jax  # pylint: disable=g-import-not-at-top
+  on_cpu = jax.devices()[0].platform == 'cpu'
+  quick = getattr(options, 'quick', False)
+  num_rows = (SWEEP_QUICK_ROWS if quick else SWEEP_CPU_ROWS) if on_cpu \
+      else PAPER_BLOCKS
+  time_left = getattr(options, 'time_left', None)
+  return sweep(num_rows, calls=3 if on_cpu else 5, quick=quick,
+               budget_s=None if time_left is None else max(0.0, time_left()))

@@ -8,6 +8,12 @@ ICT queries 64), fed random wordpieces. Retrieval is not in it: it runs on
 the host before the step (docs/training.md measures its share). MFU is the
 analytic model FLOPs (benchmarks/flops.py) per second over the peak of the
 devices the step ran on (benchmarks/peak.py).
+
+`accelerator` (benchmarks/run.py --accelerator): REALM pre-training with
+BERT-base at the paper's shapes under the accelerator's gin setup
+(gin/setups/gpu.gin: bfloat16, attention dropout 0, so attention takes the
+fused kernel), at batch 8 and a larger batch where memory allows, the first
+step (compile included) reported apart from the median step.
 """
 
 import os
@@ -65,6 +71,12 @@ def _model_flops(run, batch_size: int):
   return batch_size * flops.train(forward), config
 
 
+# --quick's shapes: smaller than the paper's, a smoke run.
+QUICK_BINDINGS = ('Pretrain.num_candidates = 2', 'Pretrain.query_length = 32',
+                  'Pretrain.max_masked = 4', 'build_realm.reader_length = 96',
+                  'Pretrain.block_length = 64', 'Ict.block_length = 64',
+                  'Ict.query_length = 32')
+
 # The demo's pre-training step (gin/setups/demo.gin), on the paper's run file.
 DEMO_BINDINGS = ('BertConfig.num_layers = 2', 'Pretrain.num_candidates = 4',
                  'Pretrain.query_length = 48', 'Pretrain.max_masked = 10',
@@ -72,14 +84,26 @@ DEMO_BINDINGS = ('BertConfig.num_layers = 2', 'Pretrain.num_candidates = 4',
                  'build_realm.reader_length = 112')
 
 
+# The gin setup of each accelerator platform, layered after the run and the
+# model files in the accelerator mode.
+SETUPS = {'gpu': 'setups/gpu.gin', 'tpu': 'setups/tpu_v4.gin',
+          'cpu': 'setups/gpu.gin'}  # CPU: the smoke run of the GPU's.
+
+
+def setup_file(platform: str) -> str:
+  return os.path.join(GIN_DIR, SETUPS[platform])
+
+
 def build(run_name: str, model: str, batch_size: int, dtype: str,
-          bindings=()):
+          bindings=(), setups=()):
   """(trainer, its initial state, random inputs, analytic FLOPs per step);
-  the gin config stays bound for the step's first trace."""
+  the gin config stays bound for the step's first trace. `setups`: gin
+  files layered after the run's and the model's."""
   from realm_jax.training import partitioning, run_loader  # pylint: disable=g-import-not-at-top
   from realm_jax.training.trainer import Trainer  # pylint: disable=g-import-not-at-top
   run_loader.configure(
-      [f'{GIN_DIR}/runs/{run_name}.gin', f'{GIN_DIR}/models/{MODELS[model]}.gin'],
+      [f'{GIN_DIR}/runs/{run_name}.gin', f'{GIN_DIR}/models/{MODELS[model]}.gin',
+       *setups],
       [f"{kind}.bert_dir = ''" for kind in ('Pretrain', 'Ict')]
       + ['bert_adamw.warmup_steps = 1', f"BertConfig.dtype = '{dtype}'",
          *bindings])
@@ -96,12 +120,16 @@ def build(run_name: str, model: str, batch_size: int, dtype: str,
 
 
 def measure(run_name: str, model: str, batch_size: int, steps: int,
-            dtype: str, bindings=(), label: str | None = None) -> dict:
-  """One row: the median step time of `steps` steps after a compiling one."""
+            dtype: str, bindings=(), label: str | None = None,
+            setups=()) -> dict:
+  """One row: the median step time of `steps` steps after a compiling one
+  (`first_step_s`: that one, compile included)."""
   trainer, state, inputs, step_flops = build(run_name, model, batch_size,
-                                             dtype, bindings)
+                                             dtype, bindings, setups)
+  start = time.perf_counter()
   state, metrics = trainer.step(state, inputs)  # Compiles.
   jax.block_until_ready(metrics)
+  first_step_s = time.perf_counter() - start
   times = []
   for _ in range(steps):
     start = time.perf_counter()
@@ -118,7 +146,63 @@ def measure(run_name: str, model: str, batch_size: int, steps: int,
           'model_tflop_per_step': step_flops / 1e12,
           'mfu': step_flops / seconds / (device_peak * devices),
           'peak_tflop_per_s': device_peak * devices / 1e12,
-          'peak_source': source, 'loss': float(metrics['loss'])}
+          'peak_source': source, 'loss': float(metrics['loss']),
+          'first_step_s': first_step_s}
+
+
+def _memory_limit() -> int | None:
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get('bytes_limit')
+
+
+def accelerator(options) -> list[dict]:
+  """REALM pre-training, BERT-base, the paper's shapes (query 96, blocks
+  288, reader 384, 8 candidates), bfloat16 under the platform's setup: at
+  batch 8, then at 16 (32 with 100 GiB of device memory or more) if the
+  time left allows it (the first row's time, scaled) and memory holds it.
+  --quick: the tiny model at the smoke shapes, batch 2."""
+  from realm_jax.models import target  # pylint: disable=g-import-not-at-top
+  time_left = getattr(options, 'time_left', lambda: float('inf'))
+  device = jax.devices()[0]
+  platform = target.platform_of([device])
+  setups = [setup_file(platform)]
+  limit = _memory_limit()
+  if options.quick:
+    model, batches, steps, bindings = 'tiny', (2,), 2, QUICK_BINDINGS
+  else:
+    larger = 32 if limit and limit >= 100 * 2 ** 30 else 16
+    model, batches, steps, bindings = 'bert-base', (8, larger), 10, ()
+  from benchmarks.encoder import versions  # pylint: disable=g-import-not-at-top
+  base = {'benchmark': 'train_step', 'device': device.device_kind,
+          'compiler': versions(), 'run': 'pretrain', 'model': model,
+          'setup': os.path.relpath(setups[0], os.path.dirname(GIN_DIR))}
+  rows, needed = [], 0.0
+  for batch in batches:
+    # The next batch compiles again and runs larger steps.
+    estimate = needed * 1.3
+    if time_left() < estimate:
+      rows.append({**base, 'batch': batch,
+                   'skipped': f'time budget: {time_left():.0f} s left, '
+                              f'the row needs about {estimate:.0f}'})
+      print(rows[-1], flush=True)
+      continue
+    start = time.perf_counter()
+    try:
+      row = measure('pretrain', model, batch, steps, 'bfloat16', bindings,
+                    setups=setups)
+    except Exception as error:  # pylint: disable=broad-except
+      gin.clear_config()
+      rows.append({**base, 'batch': batch, 'error': f'{type(error).__name__}:'
+                                                    f' {str(error)[:300]}'})
+      print(rows[-1], flush=True)
+      continue
+    stats = device.memory_stats() or {}
+    rows.append({**base, **row, 'step_ms': row['step_seconds'] * 1e3,
+                 'peak_memory_gib': stats.get('peak_bytes_in_use', 0)
+                                    / 2 ** 30 or None})
+    print(rows[-1], flush=True)
+    needed = time.perf_counter() - start
+  return rows
 
 
 def run(options) -> list[dict]:
@@ -126,11 +210,8 @@ def run(options) -> list[dict]:
   on_cpu = jax.devices()[0].platform == 'cpu'
   dtype = 'float32' if on_cpu else 'bfloat16'
   if quick:  # Smaller shapes than the paper's: a smoke run.
-    small = ['Pretrain.num_candidates = 2', 'Pretrain.query_length = 32',
-             'Pretrain.max_masked = 4', 'build_realm.reader_length = 96',
-             'Pretrain.block_length = 64', 'Ict.block_length = 64',
-             'Ict.query_length = 32']
-    return [measure(r, 'tiny', 4, 2, dtype, small) for r in ('pretrain', 'ict')]
+    return [measure(r, 'tiny', 4, 2, dtype, QUICK_BINDINGS)
+            for r in ('pretrain', 'ict')]
   # Batches a 2-core host finishes in seconds; accelerators take the
   # paper's per-chip share or more.
   batches = ({'tiny': 8, 'minilm-l6': 2, 'bert-base': 1} if on_cpu else

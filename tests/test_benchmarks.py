@@ -1,7 +1,10 @@
 """The benchmark runner: the analytic FLOP counts against XLA's, and a quick
 run of every benchmark whose figures must be possible (recall 1 for exact
-search, utilisation at most 1, our encoder computing what PyTorch's does)."""
+search, utilisation at most 1, our encoder computing what PyTorch's does);
+likewise the accelerator mode's smoke run, its search sweep and its time
+budget."""
 
+import importlib.util
 import json
 import math
 
@@ -99,3 +102,83 @@ def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
   out = capsys.readouterr().out
   for name in ('encoder', 'train_step', 'embed', 'mips', 'sharing'):
     assert f'| {name} |' in out
+
+
+@pytest.mark.unit
+def test_sweep_keeps_to_its_time_budget_and_every_selection_agrees():
+  """Exact selections find the same ids; a spent budget starts no row and
+  says so; the table argument is never a constant of the program."""
+  rows = mips.sweep(20_000, queries=16, calls=1, quick=True)
+  assert [row['method'] for row in rows] == [
+      'two_stage', 'two_stage', 'top_k', 'approx_max_k', 'two_stage']
+  assert rows[-1]['program'] == 'ExactSearcher (sharded)'
+  for row in rows:
+    assert row['device'] == jax.devices()[0].device_kind
+    assert row['compiler'].startswith(f'jax {jax.__version__}')
+    assert row['same_ids'] == 1.0, row
+    assert row['ms'] > 0 and row['ratio_to_bound'] > 0
+    assert row['bound_ms'] == max(row['flops_bound_ms'],
+                                  row['read_bound_ms'])
+    assert row['tflop_per_s'] == pytest.approx(
+        2 * 16 * 20_000 * 128 / row['ms'] / 1e9)
+  spent = mips.sweep(20_000, queries=16, calls=1, quick=True, budget_s=0)
+  assert all('time budget' in row['skipped'] for row in spent)
+
+
+@pytest.mark.unit
+def test_accelerator_table_has_docs_columns_and_says_what_did_not_run():
+  rows = [{'benchmark': 'mips_sweep', 'device': 'NVIDIA H200',
+           'compiler': 'jax 0.11.2 (gpu)', 'rows': 13_353_718,
+           'program': 'exact_search', 'method': 'two_stage',
+           'chunk_size': 262144, 'group': 128, 'unroll': 1, 'ms': 24.7,
+           'bound_ms': 1.77, 'scores_round_trip_ms': 11.4,
+           'ratio_to_bound': 13.96, 'same_ids': 1.0},
+          {'benchmark': 'mips_sweep', 'device': 'NVIDIA H200',
+           'method': 'top_k', 'chunk_size': 65536, 'group': '',
+           'skipped': 'time budget of 90 s spent'}]
+  text = run.accelerator_table('mips', rows)
+  lines = text.splitlines()
+  assert lines[0] == '### Exact search, top-8 of 512 queries, bfloat16 rows'
+  assert lines[2].startswith('| device | compiler | rows |')
+  assert ('| NVIDIA H200 | jax 0.11.2 (gpu) | 13,353,718 | exact_search | '
+          'two_stage | 262,144 | 128 | 1 | 24.70 | 1.77 | 11.40 | 14.0 | '
+          '1.0000 |  |'
+          ) == lines[4]
+  assert lines[5].endswith('| time budget of 90 s spent |')
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_accelerator_quick_run_of_every_row(tmp_path, capsys):
+  """`python -m benchmarks.run --accelerator --quick`: the GPU command's
+  every row at tiny sizes, PyTorch's encoder included where installed."""
+  path = run.main(['--accelerator', '--quick', f'--output_dir={tmp_path}'])
+  assert path.endswith('-accelerator-quick.json')
+  report = json.loads(open(path, encoding='utf-8').read())
+  assert report['accelerator'] and report['quick']
+  rows = {}
+  for row in report['rows']:
+    rows.setdefault(row['benchmark'], []).append(row)
+  assert set(rows) == {'encoder', 'train_step', 'embed', 'mips_sweep'}
+  kind = jax.devices()[0].device_kind
+  for row in report['rows']:
+    assert 'error' not in row and 'skipped' not in row, row
+    assert row['device'] == kind and 'jax' in row['compiler'], row
+  encoder = {row['model']: row for row in rows['encoder']}
+  assert set(encoder) == {'bert-tiny (random)', 'minilm-l6'}
+  if importlib.util.find_spec('torch'):
+    for row in encoder.values():
+      assert 'torch' in row['compiler'] and row['time_ratio'] > 0
+      # bfloat16 on both sides: agreement to its rounding.
+      assert row['max_abs_diff'] < 0.25 * max(1.0, row['mean_abs_output'])
+  step, = rows['train_step']
+  assert step['setup'] == 'gin/setups/gpu.gin' and step['dtype'] == 'bfloat16'
+  assert step['first_step_s'] > step['step_seconds'] > 0
+  assert math.isfinite(step['loss'])
+  for row in rows['train_step'] + rows['embed']:
+    assert 0 < row['mfu'] <= 1, row
+  assert {row['model'] for row in rows['embed']} == {'tiny', 'minilm-l6'}
+  assert all(row['same_ids'] == 1.0 for row in rows['mips_sweep'])
+  out = capsys.readouterr().out
+  for heading in run.ACCELERATOR_COLUMNS.values():
+    assert f'### {heading[0]}' in out

@@ -1,11 +1,16 @@
-"""Exact MIPS equals numpy brute force: chunks, shards, ties, exclusions."""
+"""Exact MIPS equals numpy brute force: chunks, shards, ties, exclusions,
+for every way of choosing a chunk's top-k (`approx_max_k` is exact on CPU,
+which has no approximate kernel for it; TPUs use it approximately)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from realm_jax.index.exact import ExactSearcher, exact_search
+from realm_jax.index import exact
+from realm_jax.index.exact import (ExactSearcher, Selection, exact_search,
+                                   selection_for)
+from realm_jax.models import target
 
 pytestmark = pytest.mark.unit
 
@@ -28,25 +33,32 @@ def _data(num_docs, seed=0, ties=False):
           rng.standard_normal((num_docs, 16)).astype(np.float32))
 
 
+METHODS = pytest.mark.parametrize('method', exact.METHODS)
+
+
+@METHODS
 @pytest.mark.parametrize('num_docs,chunk_size,k', [
-    (100, 32, 5),    # Chunks that do not divide N: padding must never win.
+    (100, 32, 5),    # Chunks that do not divide N: the tail is a short one.
     (100, 1000, 8),  # One chunk.
     (50, 4, 10),     # k larger than a chunk.
+    (3, 2, 3),       # A tail shorter than k.
 ])
-def test_single_device_matches_brute_force(num_docs, chunk_size, k):
+def test_single_device_matches_brute_force(num_docs, chunk_size, k, method):
   queries, docs = _data(num_docs)
-  scores, ids = exact_search(queries, docs, k=k, chunk_size=chunk_size)
+  scores, ids = exact_search(queries, docs, k=k, chunk_size=chunk_size,
+                             method=method)
   expected_scores, expected_ids = _brute_force(queries, docs, k)
   np.testing.assert_array_equal(ids, expected_ids)
   np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
 
+@METHODS
 @pytest.mark.parametrize('num_devices', [1, 8])
 @pytest.mark.parametrize('ties', [False, True])
-def test_sharded_search_with_ties_and_exclusions(num_devices, ties):
+def test_sharded_search_with_ties_and_exclusions(num_devices, ties, method):
   queries, docs = _data(203, seed=num_devices, ties=ties)  # 203: uneven shards.
   searcher = ExactSearcher(docs, devices=jax.devices()[:num_devices],
-                           chunk_size=10)
+                           chunk_size=10, method=method)
   exclude = np.random.default_rng(1).integers(-1, 203, (9, 2))
   for k, excluded in ((8, None), (8, exclude), (30, exclude[:, 0])):
     scores, ids = searcher.search(queries, k, excluded)
@@ -55,18 +67,99 @@ def test_sharded_search_with_ties_and_exclusions(num_devices, ties):
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
 
+@pytest.mark.parametrize('selection', [
+    Selection(4096, 'two_stage', group=128),
+    Selection(4096, 'two_stage', group=32, unroll=2),
+    Selection(8192, 'two_stage', group=256),  # One chunk, then a tail.
+    Selection(5000, 'two_stage', group=128),  # A last partial group.
+    Selection(20_000, 'two_stage', group=96),  # One chunk of all 10,000.
+    Selection(4096, 'top_k'),
+    Selection(4096, 'approx_max_k', recall_target=0.9),
+], ids=str)
 @pytest.mark.parametrize('ties', [False, True])
-def test_two_stage_top_k_of_large_chunks_is_exact(ties):
-  """Chunks of 4,096 rows take the two-stage top-k (group maxima first);
-  ties must still go to the lower id, exclusions must still hold."""
-  queries, docs = _data(10_000, seed=5, ties=ties)  # Pads to 3 whole chunks.
-  searcher = ExactSearcher(docs, devices=jax.devices()[:1], chunk_size=4096)
+def test_large_chunks_are_exact_for_every_selection(ties, selection):
+  """Chunks of 4,096 rows and more take the two-stage top-k (group maxima
+  first) at every group size; ties must still go to the lower id, and
+  exclusions and removed rows must still hold, whatever the selection."""
+  queries, docs = _data(10_000, seed=5, ties=ties)  # 2 whole chunks + a tail.
+  removed = np.random.default_rng(3).choice(10_000, 500, replace=False)
+  searcher = ExactSearcher(docs, devices=jax.devices()[:1],
+                           selection=selection, removed=removed)
+  assert searcher.selection == selection
   exclude = np.random.default_rng(2).integers(-1, 10_000, (9, 3))
-  for excluded in (None, exclude):
+  exclude_removed = np.concatenate(
+      [exclude, np.broadcast_to(removed, (9, len(removed)))], axis=1)
+  for excluded, truth_excluded in ((None, removed[None].repeat(9, 0)),
+                                   (exclude, exclude_removed)):
     scores, ids = searcher.search(queries, 8, excluded)
-    expected_scores, expected_ids = _brute_force(queries, docs, 8, excluded)
+    expected_scores, expected_ids = _brute_force(queries, docs, 8,
+                                                 truth_excluded)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
+def test_every_platform_has_a_default_and_only_tpus_approximate():
+  assert selection_for('cpu') == Selection(65536, 'two_stage', group=128)
+  assert selection_for('gpu').method == 'two_stage'
+  assert selection_for('gpu').chunk_size >= 262144
+  tpu = selection_for('tpu')
+  assert tpu.method == 'approx_max_k' and not tpu.exact
+  assert tpu.recall_target == 0.95
+  assert selection_for('cpu').exact and selection_for('gpu').exact
+  # An explicit field overrides the platform's default; the rest stays.
+  assert selection_for('tpu', method='two_stage') == Selection(
+      tpu.chunk_size, 'two_stage', group=128, recall_target=0.95)
+  assert selection_for('gpu', chunk_size=1 << 20, group=512) == Selection(
+      1 << 20, 'two_stage', group=512)
+  with pytest.raises(ValueError, match='platform'):
+    selection_for('npu')
+  with pytest.raises(ValueError, match='method'):
+    Selection(method='sort')
+  with pytest.raises(ValueError, match='positive'):
+    Selection(group=0)
+  with pytest.raises(ValueError, match='not both'):
+    ExactSearcher(np.ones((4, 2), np.float32), selection=Selection(),
+                  chunk_size=2)
+
+
+def test_the_default_follows_the_target_and_the_devices(monkeypatch):
+  """exact_search takes the platform the program is traced for; the
+  searcher, its devices'. On this CPU: the CPU's; traced for a TPU: the
+  approximate top-k."""
+  assert ExactSearcher(np.ones((4, 2), np.float32)).selection == (
+      selection_for('cpu'))
+  picked = []
+  search = exact._exact_search
+  monkeypatch.setattr(exact, '_exact_search', lambda *args: (
+      picked.append(args[-1]), search(*args))[1])
+  queries, docs = _data(100)
+  exact_search(queries, docs, k=4)
+  with target.compiling_for('tpu'):
+    _, ids = exact_search(queries, docs, k=4)
+  assert picked == [selection_for('cpu'), selection_for('tpu')]
+  np.testing.assert_array_equal(ids, _brute_force(queries, docs, 4)[1])
+
+
+def test_the_rows_are_never_padded_or_copied():
+  """Whole chunks are sliced from the rows in place and the tail scored as
+  a shorter chunk: no padded copy of the table (3.4 GB at 13.35M bf16
+  rows), nor any other array as large as it."""
+  queries, docs = _data(1000)
+  jaxpr = jax.make_jaxpr(
+      lambda q, d: exact._exact_search(
+          q, d, jnp.full((9, 1), -1, jnp.int32), 8, Selection(96)))(
+              queries, docs)
+  shapes = []
+
+  def walk(jaxpr):
+    for equation in jaxpr.eqns:
+      shapes.extend(v.aval.shape for v in equation.outvars)
+      for param in equation.params.values():
+        if hasattr(param, 'jaxpr'):
+          walk(param.jaxpr)
+  walk(jaxpr.jaxpr)
+  assert (96, 16) in shapes  # The chunks, sliced.
+  assert all(np.prod(shape) < docs.size for shape in shapes), shapes
 
 
 def test_eight_shards_equal_one():

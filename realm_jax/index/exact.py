@@ -6,8 +6,14 @@ scores its rows one chunk at a time, keeping a running top-k, so memory is
 then gathered and merged. Ties go to the lower document id, as a stable sort
 would order them. Excluded ids (the trivial candidate) score -inf, and so do
 rows that are not live (blocks removed from the corpus).
+
+How each chunk's top-k is chosen, and the chunk size, depend on the
+platform (`Selection`, DEFAULT_SELECTION): exact everywhere but on TPUs,
+whose default is their native approximate top-k (`lax.approx_max_k` at
+recall 0.95 per chunk); an explicit selection overrides it.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -15,80 +21,223 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from realm_jax.models import target
+
 AXIS = 'index'
 
+# How each chunk's top-k is chosen:
+#   'two_stage': `lax.top_k` of the group maxima, then of the scores of the
+#     k best groups (exact; `_two_stage_top_k`);
+#   'top_k': `lax.top_k` over the whole chunk (exact);
+#   'approx_max_k': `lax.approx_max_k` at `recall_target`: approximate on
+#     TPUs, which have a kernel for it. Elsewhere XLA computes it exactly by
+#     sorting, which is slow (73.5 ms against 24.7 for 'two_stage' over
+#     13.35M rows on an H200), so the defaults pick it on TPUs only.
+METHODS = ('two_stage', 'top_k', 'approx_max_k')
 
-_GROUP = 128  # Scores per group in the two-stage top-k.
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+  """How the rows are scanned: `chunk_size` rows scored at a time per device
+  ([queries x chunk_size] float32 scores live at once), and how each
+  chunk's top-k is chosen (`method`, one of METHODS; `group`: scores per
+  group of 'two_stage'; `recall_target`: 'approx_max_k''s); `unroll`:
+  chunks per iteration of the scan."""
+  chunk_size: int = 65536
+  method: str = 'two_stage'
+  group: int = 128
+  recall_target: float = 0.95
+  unroll: int = 1
+
+  def __post_init__(self):
+    if self.method not in METHODS:
+      raise ValueError(f'selection method {self.method!r}; expected one of '
+                       f'{METHODS}.')
+    if self.chunk_size < 1 or self.group < 1 or self.unroll < 1:
+      raise ValueError(f'{self}: chunk_size, group and unroll must be '
+                       'positive.')
+    if not 0 < self.recall_target <= 1:
+      raise ValueError(f'{self}: recall_target must be in (0, 1].')
+
+  @property
+  def exact(self) -> bool:
+    """Whether it is exact on every platform ('approx_max_k' is exact only
+    outside TPUs)."""
+    return self.method != 'approx_max_k'
 
 
-def _chunk_top_k(scores, k: int):
-  """`lax.top_k` of [Q, n] scores, exactly, in two cheaper stages.
+# Per platform ('cpu', 'gpu', 'tpu'; realm_jax.models.target):
+#   - CPU: chunks of 65,536 and the two-stage top-k (on a 2-core Xeon it
+#     made the search 2x faster; on a contended 2-core AMD EPYC the methods
+#     were within 10% of each other and chunks of 16,384-32,768 ran 10-15%
+#     faster: docs/benchmarks.md, "What bounds the search").
+#   - GPU: fewer, larger chunks: each chunk is a handful of kernels, and at
+#     65,536 rows their launches dominate (33.1 ms over 13.35M bf16 rows and
+#     512 queries on an H200, against 24.7 ms at 262,144).
+#     `python -m benchmarks.run --accelerator` sweeps the choices.
+#   - TPU: `approx_max_k`, its native approximate top-k, at recall 0.95.
+DEFAULT_SELECTION = {
+    'cpu': Selection(chunk_size=65536, method='two_stage', group=128),
+    'gpu': Selection(chunk_size=262144, method='two_stage', group=128),
+    'tpu': Selection(chunk_size=65536, method='approx_max_k',
+                     recall_target=0.95),
+}
 
-  The top k lie in the k groups (of _GROUP consecutive scores) with the
-  highest maxima, so a top-k over n / _GROUP group maxima and one over the
-  k x _GROUP scores of those groups replace one over all n: on CPU the
+
+def selection_for(platform: str, chunk_size: int | None = None,
+                  method: str | None = None, group: int | None = None,
+                  recall_target: float | None = None,
+                  unroll: int | None = None) -> Selection:
+  """`platform`'s default selection, with the fields given overridden."""
+  if platform not in DEFAULT_SELECTION:
+    raise ValueError(f'platform {platform!r}; expected one of '
+                     f'{tuple(DEFAULT_SELECTION)}.')
+  given = {'chunk_size': chunk_size, 'method': method, 'group': group,
+           'recall_target': recall_target, 'unroll': unroll}
+  return dataclasses.replace(
+      DEFAULT_SELECTION[platform],
+      **{name: value for name, value in given.items() if value is not None})
+
+
+def _resolve(selection: Selection | None, platform: str, **fields):
+  if selection is not None:
+    if any(value is not None for value in fields.values()):
+      raise ValueError('Give a Selection or its fields, not both.')
+    return selection
+  return selection_for(platform, **fields)
+
+
+def _two_stage_top_k(scores, k: int, group: int, valid):
+  """`lax.top_k` of [Q, n] scores where `valid(positions)` (positions
+  [Q, m] -> bool; `valid()`: all n in order) holds, -inf elsewhere,
+  exactly, in two cheaper stages.
+
+  The top k lie in the k groups (of `group` consecutive scores) with the
+  highest maxima, so a top-k over n / group group maxima and one over the
+  k x group scores of those groups replace one over all n: on CPU the
   top-k then costs a tenth of the matmul instead of as much again. The
-  groups are kept in id order, so ties still go to the lower id.
+  mask is applied inside each stage, not to a masked copy of the scores:
+  the maxima read the scores once, the second stage gathers k x group of
+  them. The groups are kept in id order, so ties still go to the lower id.
+  A last partial group is filled with -inf after every real score (a real
+  score of -inf still goes first).
   """
   queries, n = scores.shape
-  if n % _GROUP or n < 4 * k * _GROUP:
-    return jax.lax.top_k(scores, k)
-  groups = scores.reshape(queries, n // _GROUP, _GROUP)
-  _, best = jax.lax.top_k(groups.max(axis=-1), k)
+  everywhere = valid()
+  if n % group:
+    scores = jnp.pad(scores, ((0, 0), (0, -n % group)),
+                     constant_values=-jnp.inf)
+    everywhere = jnp.pad(everywhere, ((0, 0), (0, -n % group)))
+  masked = jnp.where(everywhere, scores, -jnp.inf)
+  _, best = jax.lax.top_k(masked.reshape(queries, -1, group).max(axis=-1), k)
   best = jnp.sort(best, axis=1)
-  candidates = jnp.take_along_axis(groups, best[:, :, None], axis=1)
-  values, position = jax.lax.top_k(candidates.reshape(queries, k * _GROUP), k)
-  group = jnp.take_along_axis(best, position // _GROUP, axis=1)
-  return values, group * _GROUP + position % _GROUP
+  positions = (best[:, :, None] * group + jnp.arange(group, dtype=jnp.int32)
+               ).reshape(queries, k * group)
+  candidates = jnp.where(valid(positions),
+                         jnp.take_along_axis(scores, positions, axis=1),
+                         -jnp.inf)
+  values, pick = jax.lax.top_k(candidates, k)
+  return values, jnp.take_along_axis(positions, pick, axis=1)
+
+
+def _chunk_top_k(scores, k: int, selection: Selection, valid):
+  """(values, positions) [Q, k] of [Q, n] scores where `valid` (see
+  `_two_stage_top_k`) holds, -inf elsewhere, by `selection.method`."""
+  n = scores.shape[1]
+  if selection.method == 'two_stage' and n >= 4 * k * selection.group:
+    return _two_stage_top_k(scores, k, selection.group, valid)
+  scores = jnp.where(valid(), scores, -jnp.inf)
+  if selection.method == 'approx_max_k':
+    return jax.lax.approx_max_k(scores, k,
+                                recall_target=selection.recall_target)
+  return jax.lax.top_k(scores, k)
 
 
 def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
-                   k: int, chunk_size: int):
+                   k: int, selection: Selection):
   """Running top-k over `rows` (ids first_id...) whose `live` [N] is True,
-  chunk by chunk."""
-  num_rows, dim = rows.shape
-  chunk_size = min(chunk_size, num_rows)
-  num_chunks = -(-num_rows // chunk_size)
-  padding = num_chunks * chunk_size - num_rows
-  chunks = jnp.pad(rows, ((0, padding), (0, 0))).reshape(
-      num_chunks, chunk_size, dim)
-  live = jnp.pad(live, (0, padding)).reshape(num_chunks, chunk_size)
-  chunk_k = min(k, chunk_size)
+  chunk by chunk.
 
-  def merge(best, chunk_and_start):
-    chunk, chunk_live, start = chunk_and_start
+  The whole chunks are sliced from `rows` in place, and the rows after the
+  last whole chunk are scored as shorter chunks: the rows are never padded
+  or copied (a padded copy of 13.35M bf16 rows is 3.4 GB written per
+  search). For the two-stage top-k every chunk but the last few rows is
+  whole groups: padding the scores to whole groups costs XLA:CPU as much as
+  a one-pass top-k.
+  """
+  num_rows = rows.shape[0]
+  group = selection.group if selection.method == 'two_stage' else 1
+  chunk_size = min(selection.chunk_size, num_rows)
+  if chunk_size == num_rows and num_rows > group:
+    chunk_size -= num_rows % group
+  whole, tail = divmod(num_rows, chunk_size)
+
+  def score(best, start, size):
+    chunk = jax.lax.dynamic_slice_in_dim(rows, start, size)
+    chunk_live = jax.lax.dynamic_slice_in_dim(live, start, size)
     scores = jnp.einsum('qd,nd->qn', queries, chunk,
                         preferred_element_type=jnp.float32)
-    ids = first_id + start + jnp.arange(chunk_size, dtype=jnp.int32)
-    valid = chunk_live & (ids < num_docs)
-    valid = valid[None, :] & ~jnp.any(
-        ids[None, :, None] == exclude_ids[:, None, :], axis=-1)
-    scores, top = _chunk_top_k(jnp.where(valid, scores, -jnp.inf), chunk_k)
+
+    def valid(positions=None):
+      """[Q or 1, m] positions in the chunk (None: all, in order) -> bool."""
+      if positions is None:
+        positions, live_there = jnp.arange(size, dtype=jnp.int32)[None, :], \
+            chunk_live[None, :]
+      else:
+        live_there = jnp.take(chunk_live, positions, mode='fill',
+                              fill_value=False)
+      ids = first_id + start + positions
+      return live_there & (ids < num_docs) & ~jnp.any(
+          ids[..., None] == exclude_ids[:, None, :], axis=-1)
+
+    scores, top = _chunk_top_k(scores, min(k, size), selection, valid)
     # Earlier (lower-id) candidates come first, so top_k keeps them on ties.
     all_scores = jnp.concatenate([best[0], scores], axis=1)
-    all_ids = jnp.concatenate([best[1], ids[top]], axis=1)
+    all_ids = jnp.concatenate([best[1], first_id + start + top], axis=1)
     merged, pick = jax.lax.top_k(all_scores, k)
-    return (merged, jnp.take_along_axis(all_ids, pick, axis=1)), None
+    return merged, jnp.take_along_axis(all_ids, pick, axis=1)
 
-  init = (jnp.full((queries.shape[0], k), -jnp.inf, jnp.float32),
+  best = (jnp.full((queries.shape[0], k), -jnp.inf, jnp.float32),
           jnp.full((queries.shape[0], k), -1, jnp.int32))
-  starts = jnp.arange(num_chunks, dtype=jnp.int32) * chunk_size
-  (scores, ids), _ = jax.lax.scan(merge, init, (chunks, live, starts))
-  return scores, ids
+  starts = jnp.arange(whole, dtype=jnp.int32) * chunk_size
+  best, _ = jax.lax.scan(
+      lambda best, start: (score(best, start, chunk_size), None), best,
+      starts, unroll=min(selection.unroll, whole))
+  start = whole * chunk_size
+  for size in (tail - tail % group, tail % group):  # Whole groups, the rest.
+    if size:
+      best = score(best, start, size)
+      start += size
+  return best
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'chunk_size'))
+@functools.partial(jax.jit, static_argnames=('k', 'selection'))
+def _exact_search(queries, embeddings, exclude_ids, k: int,
+                  selection: Selection):
+  num_docs = embeddings.shape[0]
+  return _top_k_of_rows(queries, embeddings, jnp.ones(num_docs, bool), 0,
+                        num_docs, exclude_ids, k, selection)
+
+
 def exact_search(queries, embeddings, k: int, exclude_ids=None,
-                 chunk_size: int = 65536):
-  """Top-k inner products on one device: (scores [Q, k], ids [Q, k])."""
+                 chunk_size: int | None = None, method: str | None = None,
+                 group: int | None = None, recall_target: float | None = None,
+                 selection: Selection | None = None):
+  """Top-k inner products on one device: (scores [Q, k], ids [Q, k]).
+
+  The selection (`selection`, or its fields) defaults to the target
+  platform's (DEFAULT_SELECTION).
+  """
   num_docs = embeddings.shape[0]
   if not 0 < k <= num_docs:
     raise ValueError(f'k={k} must be in [1, {num_docs}] (the document count).')
+  selection = _resolve(selection, target.target_platform(),
+                       chunk_size=chunk_size, method=method, group=group,
+                       recall_target=recall_target)
   if exclude_ids is None:
     exclude_ids = jnp.full((queries.shape[0], 1), -1, jnp.int32)
-  return _top_k_of_rows(queries, embeddings, jnp.ones(num_docs, bool), 0,
-                        num_docs, jnp.asarray(exclude_ids, jnp.int32), k,
-                        chunk_size)
+  return _exact_search(queries, embeddings, jnp.asarray(exclude_ids, jnp.int32),
+                       k, selection)
 
 
 def index_mesh(devices) -> jax.sharding.Mesh:
@@ -97,16 +246,23 @@ def index_mesh(devices) -> jax.sharding.Mesh:
                        (jax.sharding.AxisType.Explicit,), devices=devices)
 
 
-def sharded_top_k(mesh, num_docs: int, k: int, chunk_size: int = 65536):
+def sharded_top_k(mesh, num_docs: int, k: int, chunk_size: int | None = None,
+                  method: str | None = None, group: int | None = None,
+                  recall_target: float | None = None,
+                  selection: Selection | None = None):
   """jit(queries [Q, D], rows [N', D] and live [N'] split over `mesh`,
   exclude_ids [Q, E]) -> (scores, ids) [Q, k]: every device's running top-k,
-  gathered, merged."""
+  gathered, merged. The selection (`selection`, or its fields) defaults to
+  that of the mesh's platform (DEFAULT_SELECTION)."""
+  selection = _resolve(selection, target.platform_of(mesh.devices),
+                       chunk_size=chunk_size, method=method, group=group,
+                       recall_target=recall_target)
 
   def shard_top_k(queries, rows, live, exclude_ids):
     first_id = jax.lax.axis_index(AXIS) * rows.shape[0]
     scores, ids = _top_k_of_rows(queries, rows, live, first_id, num_docs,
                                  exclude_ids, min(k, rows.shape[0]),
-                                 chunk_size)
+                                 selection)
     # [shards, Q, k] in shard order: lower ids first, for stable ties.
     scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
     ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
@@ -124,17 +280,23 @@ class ExactSearcher:
   `dtype`: the rows' dtype on the devices (None: the embeddings'). bfloat16
   halves their memory (13,353,718 x 128: 3.4 GB instead of 6.8); scores
   still accumulate in float32. `removed`: ids never returned (blocks
-  removed from the corpus).
+  removed from the corpus). `chunk_size`, `method`, `group`,
+  `recall_target` or a whole `selection`: how the rows are scanned
+  (`Selection`); what is not given is the devices' platform's default.
   """
 
-  def __init__(self, embeddings, devices=None, chunk_size: int = 65536,
-               dtype=None, removed=()):
+  def __init__(self, embeddings, devices=None, chunk_size: int | None = None,
+               dtype=None, removed=(), method: str | None = None,
+               group: int | None = None, recall_target: float | None = None,
+               selection: Selection | None = None):
     devices = list(devices if devices is not None else jax.devices())
     self.num_docs, self.dim = embeddings.shape
     self.mesh = index_mesh(devices)
+    self.selection = _resolve(selection, target.platform_of(devices),
+                              chunk_size=chunk_size, method=method,
+                              group=group, recall_target=recall_target)
+    # Equal shards; a shard's last partial chunk is scored as a shorter one.
     rows_per_shard = -(-self.num_docs // len(devices))
-    if rows_per_shard > chunk_size:  # Whole chunks: no padding per search.
-      rows_per_shard = -(-rows_per_shard // chunk_size) * chunk_size
     padded = np.zeros((rows_per_shard * len(devices), self.dim),
                       jnp.dtype(dtype or np.asarray(embeddings).dtype))
     padded[:self.num_docs] = np.asarray(embeddings)
@@ -143,13 +305,12 @@ class ExactSearcher:
     live = np.ones(len(padded), bool)
     live[np.asarray(removed, np.int64)] = False
     self.live = jax.device_put(live, rows)
-    self._chunk_size = chunk_size
     self._search = {}
 
   def _searcher(self, k: int):
     if k not in self._search:
       self._search[k] = sharded_top_k(self.mesh, self.num_docs, k,
-                                      self._chunk_size)
+                                      selection=self.selection)
     return self._search[k]
 
   def search(self, query_embeddings, k: int, exclude_ids=None):
