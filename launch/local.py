@@ -12,7 +12,10 @@ itself once the trainer has marked training done and the last step is
 published; this waits for both. A builder that dies is restarted (a few times,
 each exit logged with the tail of its log) while training goes on with the
 index it has; a failed trainer, or a builder out of restarts, stops the other
-job, and Ctrl-C stops both.
+job, and Ctrl-C stops both. Both jobs keep what XLA compiles in realm-jax's
+one on-disk compilation cache (REALM_JAX_CACHE, which they inherit): a
+restarted builder, a resumed trainer and the next run of the same model
+read it instead of compiling again.
 """
 
 import argparse

@@ -14,9 +14,13 @@ from realm_jax import errors
 
 # Set (to anything but 0) to see the traceback of a user error too.
 DEBUG_ENV = 'REALM_JAX_DEBUG'
-# Where `ask`, `fill` and `search` keep what XLA compiled, for the next call
-# (default ~/.cache/realm-jax/xla; 'off': nowhere).
+# Where every command keeps what XLA compiled, for the next process (default
+# ~/.cache/realm-jax/xla; 'off': nowhere): see `use_compilation_cache`.
 CACHE_ENV = 'REALM_JAX_CACHE'
+# Commands that start without it: `aot` picks JAX's platform before JAX
+# loads (and compiles for devices this machine fakes); `data` and `corpus`
+# compile nothing, and fork workers.
+UNCACHED = ('aot', 'data', 'corpus')
 # Reported by --version: realm-jax's own and the packages it runs on.
 PACKAGES = ('realm-jax', 'jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint',
             'seqio', 'tensorflow-text', 'scann', 'gin-config')
@@ -281,14 +285,22 @@ def _parser() -> argparse.ArgumentParser:
 
   aot = command(
       'aot', help='Compile the train step, the index builder\'s embedding '
-      'step and exact search for a target mesh (faked CPU devices, abstract '
-      'inputs: nothing allocated) and print per-device memory and FLOPs.',
+      'step and exact search for a target mesh (abstract inputs: nothing '
+      'allocated) and print per-device memory and FLOPs: faked CPU devices '
+      '(--target=cpu), or a TPU slice compiled by XLA:TPU on this machine '
+      '(--target=tpu:v4:4x4x4; needs libtpu, which make setup installs in '
+      '.venv/libtpu).',
       epilog='e.g. realm-jax aot --gin_file=gin/setups/paper_scale.gin '
-      '--mesh=64')
-  aot.add_argument('--mesh', type=int, required=True,
-                   help="The trainer's device count.")
-  aot.add_argument('--builder_mesh', type=int, default=16,
-                   help="The index builder's device count.")
+      '--mesh=64, or --target=tpu:v4:4x4x4 --builder_mesh=16')
+  aot.add_argument('--target', type=_aot_target, default='cpu',
+                   help="'cpu' (faked CPU devices) or 'tpu:<topology>', e.g. "
+                   "tpu:v4:2x2x1 (v4, v5e, v5p or v6e; one device a chip).")
+  aot.add_argument('--mesh', type=int, default=None,
+                   help="The trainer's device count (needed for --target=cpu;"
+                   " a TPU target's default: every chip of the topology).")
+  aot.add_argument('--builder_mesh', type=int, default=None,
+                   help="The index builder's device count (default: 16, or "
+                   "every chip of a TPU topology with fewer).")
   aot.add_argument('--run', choices=('pretrain', 'ict', 'finetune'),
                    default='pretrain',
                    help='gin/runs/<run>.gin, read before the --gin_file(s).')
@@ -296,8 +308,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="Compile a training run's own config (its "
                    'config.gin, the --gin_file(s) layered over it) instead '
                    'of --run.')
-  aot.add_argument('--device_memory_gib', type=float, default=32.0,
-                   help='One device\'s memory (TPU v4: 32 GiB of HBM).')
+  aot.add_argument('--device_memory_gib', type=float, default=None,
+                   help='One device\'s memory (default: a TPU chip\'s HBM, '
+                   'and 32 GiB, a TPU v4\'s, for --target=cpu).')
   aot.add_argument('--output', default=None,
                    help='Also write the figures here as JSON.')
   aot.add_argument('--gin_file', action='append', default=[])
@@ -419,22 +432,27 @@ def _one_or_many(command: str, single: str | None, path: str | None,
     print(report.summary(), file=sys.stderr)
 
 
-def use_compilation_cache() -> None:
-  """JAX's persistent compilation cache, so that a command answering one
-  input does not compile the same functions again every time it starts."""
+def use_compilation_cache() -> str | None:
+  """JAX's persistent compilation cache, one directory on disk for every
+  process: what one compiled, the next reads instead of compiling it again.
+  A command answering one input starts without compiling; a run's trainer
+  and index builder (launch.local's two processes, which inherit the
+  environment), a run resumed, and the demos' trainings in a row (the
+  no-retrieval baseline and the ablations compile REALM's step again) read
+  what the first compiled. Returns the directory, None when 'off'."""
   import jax  # pylint: disable=g-import-not-at-top
   directory = os.environ.get(CACHE_ENV) or os.path.join(
       os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),
       'realm-jax', 'xla')
   if directory == 'off':
-    return
+    return None
   jax.config.update('jax_compilation_cache_dir', directory)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  return directory
 
 
 def _fill(args) -> None:
   from realm_jax.evaluation.prediction import ClozePredictor  # pylint: disable=g-import-not-at-top
-  use_compilation_cache()
   with _one_or_many('fill', args.text, args.texts, args.output) as (
       texts, report, write):
     predictor, filled = ClozePredictor(args.model_dir), 0
@@ -506,7 +524,6 @@ def _eval(args) -> None:
 
 def _ask(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
-  use_compilation_cache()
   with _one_or_many('ask', args.question, args.questions, args.output) as (
       questions, _, write):
     # It reads its candidates, whatever top_k.
@@ -537,7 +554,6 @@ def _check_top_k(top_k: int) -> None:
 def _search(args) -> None:
   from realm_jax.evaluation.prediction import QAPredictor  # pylint: disable=g-import-not-at-top
   _check_top_k(args.top_k)
-  use_compilation_cache()
   with _one_or_many('search', args.query, args.queries, args.output) as (
       queries, _, write):
     predictor = QAPredictor(args.model_dir, top_k=args.top_k, read=False)
@@ -619,15 +635,39 @@ def _refresh(args) -> None:
                       args.poll_seconds, args.batch_size)
 
 
+def _aot_target(value: str) -> str:
+  """--target: 'cpu' or 'tpu:<topology>'."""
+  if value != 'cpu' and not (value.startswith('tpu:') and len(value) > 4):
+    raise argparse.ArgumentTypeError(
+        f"{value!r}: 'cpu' or 'tpu:<topology>' (e.g. tpu:v4:2x2x1)")
+  return value
+
+
 def _aot(args) -> None:
-  devices = max(args.mesh, args.builder_mesh)
-  # Before JAX starts: the target mesh, faked on the host CPU.
+  tpu = args.target.startswith('tpu:')
+  if not tpu and args.mesh is None:
+    raise errors.BadConfig('--target=cpu needs --mesh, the trainer\'s '
+                           'device count.')
+  builder_mesh = args.builder_mesh or 16
+  # Before JAX starts: its own devices are the host's CPUs, faked to the
+  # target mesh's size for XLA:CPU; a TPU target's devices are libtpu's.
   os.environ['JAX_PLATFORMS'] = 'cpu'
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
-                             f'--xla_force_host_platform_device_count={devices}')
+  if not tpu:
+    os.environ['XLA_FLAGS'] = (
+        os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_'
+        f'device_count={max(args.mesh, builder_mesh)}')
   from etils import epath  # pylint: disable=g-import-not-at-top
   from realm_jax import aot  # pylint: disable=g-import-not-at-top
   from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
+  if tpu:
+    target = aot.tpu_target(args.target[len('tpu:'):])
+    mesh = args.mesh or len(target.devices)
+    if args.builder_mesh is None:
+      builder_mesh = min(builder_mesh, len(target.devices))
+    memory_gib = args.device_memory_gib or target.chip.hbm_gib
+  else:
+    target = aot.cpu_target()
+    mesh, memory_gib = args.mesh, args.device_memory_gib or 32.0
   # The accelerators' attention, not the faked CPU devices' loop.
   args.gin_bindings = ['BertConfig.attention_chunk = 0', *args.gin_bindings]
   if args.model_dir:
@@ -639,19 +679,20 @@ def _aot(args) -> None:
     _parse_gin(args)
     configured = run_loader.configured_run()
   programs = aot.compile_and_fit(configured.run, configured.batch_size,
-                                 configured.num_steps, args.mesh,
-                                 args.builder_mesh)
-  print(aot.table(programs, args.device_memory_gib))
+                                 configured.num_steps, mesh, builder_mesh,
+                                 target=target)
+  print(aot.caption(target, memory_gib))
+  print(aot.table(programs, memory_gib, target))
   if args.output:
     epath.Path(args.output).write_text(json.dumps(
-        {'mesh': args.mesh, 'builder_mesh': args.builder_mesh,
-         'device_memory_gib': args.device_memory_gib,
-         'programs': [p.as_dict() for p in programs]}, indent=2))
-  over = [p.name for p in programs
-          if p.total_bytes >= args.device_memory_gib * aot.GIB]
+        aot.report(programs, target, mesh, builder_mesh, memory_gib),
+        indent=2))
+  over = [p.name for p in programs if p.total_bytes >= memory_gib * aot.GIB]
   if over:
-    raise errors.BadConfig(f'Does not fit in {args.device_memory_gib:g} GiB '
-                           f'per device: {", ".join(over)}.')
+    raise errors.BadConfig(
+        f'Does not fit in {memory_gib:g} GiB per '
+        f'{"chip" if target.chip else "device"}: {", ".join(over)} '
+        f'({target.description}).')
 
 
 def _import(args) -> None:
@@ -774,6 +815,8 @@ def main(argv=None, exit_at_once: bool = False) -> int:
   distributed.log_to_stderr()
   if getattr(args, 'model_dir', None) and '://' not in args.model_dir:
     args.model_dir = os.path.abspath(args.model_dir)  # Orbax needs these.
+  if args.command not in UNCACHED:
+    use_compilation_cache()
   try:
     COMMANDS[args.command](args)
   except errors.UserError as error:

@@ -40,9 +40,11 @@ uses half a step left by a crash or a damaged disk.
 import json
 import logging
 import os
+import re
 import time
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -307,12 +309,42 @@ def trainer_checkpoints(model_dir: str) -> ocp.CheckpointManager:
           multiprocessing_options=every_process()))
 
 
+def _stacked_layers(tree):
+  """`tree` with every BERT in it (a dict holding `layer_0`, `layer_1`,
+  ...) in the scanned layout of models/bert.py (`bert.stack_layers`): the
+  layers' leaves stacked on a new leading axis under 'layers'."""
+  if not isinstance(tree, dict):
+    return tree
+  count = 0
+  while f'layer_{count}' in tree:
+    count += 1
+  if count:
+    layers = [tree[f'layer_{i}'] for i in range(count)]
+    tree = {k: v for k, v in tree.items()
+            if not re.fullmatch(r'layer_\d+', k)}
+    tree['layers'] = jax.tree.map(lambda *xs: np.stack(xs), *layers)
+  return {k: _stacked_layers(v) for k, v in tree.items()}
+
+
+def _in_current_layout(model_dir: str, params):
+  """Parameters restored from `model_dir` as this code lays them out: a run
+  written before the layers were scanned (format 1) has each BERT's layers
+  unrolled, `layer_0` ...; they are stacked under 'layers'."""
+  from realm_jax import run_guard  # pylint: disable=g-import-not-at-top
+  if (params is None or run_guard.recorded_format(model_dir)
+      != run_guard.UNROLLED_LAYERS_FORMAT):
+    return params
+  return _stacked_layers(params)
+
+
 def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
   """Only the towers' parameters of a trainer step (not reader or optimizer);
   None if the trainer pruned the step meanwhile."""
   restored = restore(checkpoints, step, ocp.args.Composite(**{
       RETRIEVER_ITEM: ocp.args.StandardRestore()}))
-  return None if restored is None else restored[RETRIEVER_ITEM]
+  return None if restored is None else _in_current_layout(
+      str(epath.Path(checkpoints.directory).parent),
+      restored[RETRIEVER_ITEM])
 
 
 def restore_params(model_dir: str, step: int | None = None,
@@ -320,7 +352,8 @@ def restore_params(model_dir: str, step: int | None = None,
   """(step, {'retriever': ..., 'reader': ...}) of a run's checkpoint `step`
   (default the newest), for warm starts and evaluation; of `towers` alone,
   and 'reader' only if the run had one. The run may still be training and
-  pruning its checkpoints."""
+  pruning its checkpoints. A run written with each BERT's layers unrolled
+  (format 1) is read with them stacked, as this code builds them."""
   manager = trainer_checkpoints(model_dir)
 
   def read(step):
@@ -329,8 +362,8 @@ def restore_params(model_dir: str, step: int | None = None,
     ).is_dir()]
     restored = restore(manager, step, ocp.args.Composite(**{
         params_item(n): ocp.args.StandardRestore() for n in names}))
-    return None if restored is None else {
-        n: jax.device_get(restored[params_item(n)]) for n in names}
+    return None if restored is None else _in_current_layout(model_dir, {
+        n: jax.device_get(restored[params_item(n)]) for n in names})
 
   if step is None:
     step, params = newest(manager, read)

@@ -27,8 +27,14 @@ log = logging.getLogger(__name__)
 LOCK = 'trainer.lock'
 FORMAT_FILE = 'run_format.json'
 # The run directory's layout. Bump it with any change that makes the code
-# read an existing run directory differently.
-RUN_FORMAT = 1
+# read an existing run directory differently. 2: each BERT's layers stacked
+# under 'layers' (nn.scan), where 1 had `layer_0`, `layer_1`, ...
+RUN_FORMAT = 2
+# The last format whose checkpoints hold each BERT's layers unrolled: their
+# parameters are stacked when read (`run_directory.restore_params`); a
+# trainer refuses to resume them (the optimizer state too is laid out
+# per layer).
+UNROLLED_LAYERS_FORMAT = 1
 CHECKPOINT_ITEMS = sorted([params_item('retriever'), params_item('reader'),
                            TRAIN_STATE, DATA_POSITION])
 # What a run directory written before run_format.json existed holds.
@@ -135,6 +141,19 @@ def _has_checkpoints(model_dir: str) -> bool:
   directory = epath.Path(run_directory.checkpoints_dir(model_dir))
   return directory.is_dir() and any(
       p.name.isdigit() for p in directory.iterdir())
+
+
+def recorded_format(model_dir: str) -> int | None:
+  """The format version a run directory's checkpoints were written in: its
+  format file's, `FIRST_FORMAT`'s when it has checkpoints but no file, None
+  when it has neither (or the file is unreadable)."""
+  path = epath.Path(model_dir) / FORMAT_FILE
+  try:
+    return int(json.loads(path.read_text())['format'])
+  except FileNotFoundError:
+    return FIRST_FORMAT['format'] if _has_checkpoints(model_dir) else None
+  except (ValueError, KeyError, TypeError):
+    return None
 
 
 def _read(path: epath.Path) -> dict:

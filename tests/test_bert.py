@@ -1,4 +1,5 @@
-"""The Flax BERT: shapes, masking, logical axes, dtypes, remat, dropout."""
+"""The Flax BERT: shapes, masking, logical axes, dtypes, remat, dropout, and
+its layers scanned (one compiled body) or unrolled, which compute the same."""
 
 import dataclasses
 import math
@@ -10,11 +11,13 @@ import pytest
 from flax import linen as nn
 
 from realm_jax.models.attention import attend
+from realm_jax.models import bert
 from realm_jax.models.bert import Bert, BertConfig, mean_pool
 
 pytestmark = pytest.mark.unit
 
-LOGICAL_AXES = {'vocab', 'embed', 'length', 'token_type', 'heads', 'kv', 'mlp'}
+LOGICAL_AXES = {'vocab', 'embed', 'length', 'token_type', 'heads', 'kv', 'mlp',
+                'layers'}
 
 
 def _inputs(config, batch=3, length=10, seed=0):
@@ -31,15 +34,22 @@ def _init(config, inputs):
   return Bert(config).init(jax.random.key(0), *inputs)
 
 
-def test_every_parameter_has_logical_axis_names(tiny_config):
-  config = dataclasses.replace(tiny_config, add_pooler=True)
+@pytest.mark.parametrize('scan', [True, False])
+def test_every_parameter_has_logical_axis_names(tiny_config, scan):
+  config = dataclasses.replace(tiny_config, add_pooler=True, scan_layers=scan)
   boxed = jax.eval_shape(lambda: _init(config, _inputs(config)))['params']
   leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
-  assert len(leaves) == 5 + 16 * config.num_layers + 2
+  # 16 per layer: stacked once under scan, once per layer unrolled.
+  assert len(leaves) == 5 + 16 * (1 if scan else config.num_layers) + 2
   for leaf in leaves:
     assert isinstance(leaf, nn.Partitioned), leaf
     assert len(leaf.names) == leaf.value.ndim
     assert set(leaf.names) <= LOGICAL_AXES, leaf.names
+  if scan:
+    for leaf in jax.tree.leaves(boxed['layers'], is_leaf=lambda x: isinstance(
+        x, nn.Partitioned)):
+      assert leaf.names[0] == 'layers' and 'layers' not in leaf.names[1:]
+      assert leaf.value.shape[0] == config.num_layers
 
 
 def test_bert_base_has_the_published_parameter_count():
@@ -102,7 +112,9 @@ def test_attention_chunk_of_the_config_picks_the_loop_or_the_one_shot_form(
   """0 compiles no loop even on CPU (what `aot` compiles for accelerators);
   the CPU default loops; both give the same encoder output."""
   inputs = _inputs(tiny_config)
-  variables = _init(tiny_config, inputs)
+  # Unrolled layers: the only loop left is attention's.
+  unrolled = dataclasses.replace(tiny_config, scan_layers=False)
+  variables = _init(unrolled, inputs)
 
   def encode(config):
     return lambda params: Bert(config).apply({'params': params},
@@ -110,29 +122,129 @@ def test_attention_chunk_of_the_config_picks_the_loop_or_the_one_shot_form(
 
   outputs = {}
   for chunk, loops in ((0, False), (None, True)):
-    config = dataclasses.replace(tiny_config, attention_chunk=chunk)
+    config = dataclasses.replace(unrolled, attention_chunk=chunk)
     jaxpr = str(jax.make_jaxpr(encode(config))(variables['params']))
     assert ('scan' in jaxpr) == loops, chunk
     outputs[chunk] = encode(config)(variables['params'])
   np.testing.assert_allclose(outputs[None], outputs[0], atol=1e-5)
 
 
-def test_remat_gives_the_same_outputs_and_gradients(tiny_config):
-  inputs = _inputs(tiny_config)
-  variables = _init(tiny_config, inputs)
+def _loss(config, inputs):
+  """Value and gradient of a fixed random read-out of the encoder (not of
+  a sum of squares: after LayerNorm that is nearly constant, its gradient
+  rounding noise)."""
+  rng = np.random.default_rng(1)
+  weights = rng.normal(size=inputs[0].shape + (config.hidden_size,))
 
-  def loss(params, config):
+  def loss(params):
     out = Bert(config).apply({'params': params}, *inputs)
-    return jnp.sum(out.sequence_output ** 2)
+    value = jnp.sum(out.sequence_output * weights)
+    if out.pooled_output is not None:
+      value += jnp.sum(out.pooled_output * weights[:, 0])
+    return value, out
 
-  plain, plain_grad = jax.value_and_grad(loss)(variables['params'], tiny_config)
-  remat_config = dataclasses.replace(tiny_config, remat=True)
-  remat, remat_grad = jax.value_and_grad(loss)(variables['params'],
-                                               remat_config)
-  np.testing.assert_allclose(remat, plain, rtol=1e-6)
+  value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  return lambda params: (lambda r: (r[0][0], r[1], r[0][1]))(
+      value_and_grad(params))
+
+
+def test_scanned_layers_compute_what_the_unrolled_loop_does(tiny_config):
+  """Stacking the unrolled layers' parameters on axis 0 gives the scanned
+  model's: the same outputs and (stacked) gradients, float32, no dropout."""
+  config = dataclasses.replace(tiny_config, num_layers=3, add_pooler=True)
+  unrolled = dataclasses.replace(config, scan_layers=False)
+  inputs = _inputs(config)
+  params = nn.meta.unbox(_init(unrolled, inputs))['params']
+  assert set(params) == {'embeddings', 'layer_0', 'layer_1', 'layer_2',
+                         'pooler'}
+  stacked = bert.stack_layers(params, config.num_layers)
+  assert set(stacked) == {'embeddings', bert.LAYERS, 'pooler'}
+  # The tree a scanned Bert initializes, filled with the unrolled weights.
+  fresh = nn.meta.unbox(_init(config, inputs))['params']
+  assert jax.tree.structure(fresh) == jax.tree.structure(stacked)
+  jax.tree.map(lambda a, b: np.testing.assert_equal(a.shape, b.shape), fresh,
+               stacked)
+
+  value, grad, out = _loss(unrolled, inputs)(params)
+  scanned_value, scanned_grad, scanned_out = _loss(config, inputs)(stacked)
+  np.testing.assert_allclose(scanned_out.sequence_output, out.sequence_output,
+                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(scanned_out.pooled_output, out.pooled_output,
+                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(scanned_value, value, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
-                                                        atol=1e-6),
+                                                        atol=1e-5),
+               scanned_grad, bert.stack_layers(grad))
+  # And back: the inverse gives the unrolled tree itself.
+  jax.tree.map(np.testing.assert_array_equal, bert.unstack_layers(stacked),
+               params)
+  assert bert.in_layout(params, config).keys() == stacked.keys()
+  assert bert.in_layout(stacked, unrolled).keys() == params.keys()
+
+
+def test_the_scanned_layers_compile_one_layer_body(tiny_config):
+  """One scan of num_layers steps over one layer's parameters: the program
+  holds one layer, not num_layers copies."""
+  inputs = _inputs(tiny_config)
+  config = dataclasses.replace(tiny_config, num_layers=4, attention_chunk=0)
+
+  def program(config):
+    params = nn.meta.unbox(_init(config, inputs))['params']
+    return jax.make_jaxpr(lambda p: Bert(config).apply(
+        {'params': p}, *inputs).sequence_output)(params)
+
+  scanned = program(config)
+  loops = [e for e in scanned.jaxpr.eqns if e.primitive.name == 'scan']
+  assert len(loops) == 1 and loops[0].params['length'] == 4
+  unrolled = program(dataclasses.replace(config, scan_layers=False))
+  assert not any(e.primitive.name == 'scan' for e in unrolled.jaxpr.eqns)
+  assert len(str(scanned)) < len(str(unrolled)) / 2
+
+
+def test_stack_layers_needs_every_layer(tiny_config):
+  unrolled = dataclasses.replace(tiny_config, scan_layers=False)
+  params = nn.meta.unbox(_init(unrolled, _inputs(unrolled)))['params']
+  with pytest.raises(ValueError, match='layer_0 ... layer_2'):
+    bert.stack_layers(params, 3)
+
+
+@pytest.mark.parametrize('scan', [True, False])
+@pytest.mark.parametrize('remat', ['full', 'dots'])
+def test_remat_gives_the_same_outputs_and_gradients(tiny_config, remat, scan):
+  config = dataclasses.replace(tiny_config, scan_layers=scan)
+  inputs = _inputs(config)
+  params = _init(config, inputs)['params']
+  plain, plain_grad, _ = _loss(config, inputs)(params)
+  remat_config = dataclasses.replace(config, remat=remat)
+  remat, remat_grad, _ = _loss(remat_config, inputs)(params)
+  np.testing.assert_allclose(remat, plain, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                        atol=1e-5),
                remat_grad, plain_grad)
+
+
+def test_remat_policy_names_and_older_configs_booleans(tiny_config):
+  assert dataclasses.replace(tiny_config, remat=True).remat == 'full'
+  assert dataclasses.replace(tiny_config, remat=False).remat == 'none'
+  with pytest.raises(ValueError, match="remat='some'"):
+    dataclasses.replace(tiny_config, remat='some')
+
+
+def test_dots_remat_saves_the_projections_full_saves_none(tiny_config):
+  """What the backward pass keeps of a layer: 'full' only its input, 'dots'
+  the outputs of its batch-free matmuls too (recomputing fewer)."""
+  unrolled = dataclasses.replace(tiny_config, scan_layers=False)
+  inputs = _inputs(unrolled)
+  params = _init(unrolled, inputs)['params']
+
+  def saved(remat):
+    config = dataclasses.replace(unrolled, remat=remat)
+    loss = lambda p: jnp.sum(Bert(config).apply({'params': p},
+                                                *inputs).sequence_output)
+    _, backward = jax.vjp(loss, params)  # Holds what it saved.
+    return sum(x.size for x in jax.tree.leaves(backward))
+
+  assert saved('full') < saved('dots') < saved('none')
 
 
 def test_bf16_compute_keeps_fp32_params(tiny_config):

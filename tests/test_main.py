@@ -196,6 +196,59 @@ def test_a_bug_keeps_its_traceback_and_debug_shows_a_user_errors(
         'realm-jax search: Bad thing.\nDo this instead.\n')
 
 
+@pytest.mark.unit
+def test_every_command_that_compiles_starts_the_compilation_cache(
+    monkeypatch):
+  started = []
+  monkeypatch.setattr(main, 'use_compilation_cache',
+                      lambda: started.append(True))
+  for command, argv in (('train', ['train', '--model_dir=x',
+                                   '--gin_file=gin/runs/ict.gin']),
+                        ('search', ['search', 'x', '--model_dir=y']),
+                        ('aot', ['aot', '--mesh=8'])):
+    monkeypatch.setitem(main.COMMANDS, command, lambda args: None)
+    started.clear()
+    assert main.main(argv) == 0
+    assert started == ([] if command in main.UNCACHED else [True]), command
+  monkeypatch.undo()
+  monkeypatch.setenv(main.CACHE_ENV, 'off')
+  assert main.use_compilation_cache() is None
+
+
+# A process compiling one function (longer than a trivial one takes, so
+# that any minimum compile time is passed); it prints how many programs it
+# read from the cache.
+COMPILE_ONE = (
+    'import jax, jax.numpy as jnp\n'
+    'from realm_jax import main\n'
+    'hits = []\n'
+    'jax.monitoring.register_event_listener(lambda event, **_: hits.append('
+    'event) if event == "/jax/compilation_cache/cache_hits" else None)\n'
+    'print(main.use_compilation_cache())\n'
+    'step = jax.jit(lambda x: jnp.tanh(jnp.sin(x) @ x.T).sum(0))\n'
+    'step(jnp.ones((16, 16))).block_until_ready()\n'
+    'print(len(hits))\n')
+
+
+@pytest.mark.integration
+def test_a_second_process_reads_what_the_first_compiled(tmp_path):
+  """What one process (the trainer) compiled, the next one (the index
+  builder, the demo's next training, a resumed run) reads from the cache."""
+  cache = tmp_path / 'xla'
+
+  def hits(directory):
+    done = subprocess.run(
+        [sys.executable, '-c', COMPILE_ONE], cwd=REPO, capture_output=True,
+        text=True, check=True, env={**os.environ, main.CACHE_ENV: directory})
+    where, count = done.stdout.split()
+    assert where == directory
+    return int(count)
+
+  assert hits(str(cache)) == 0
+  assert any(cache.iterdir())
+  assert hits(str(cache)) >= 1
+
+
 @pytest.mark.integration
 def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
   """The real process: Python would print a traceback and exit 1 if the

@@ -34,8 +34,10 @@ def test_no_decay_on_layer_norms_and_biases(tiny_config):
   flat = {jax.tree_util.keystr(p): m for p, m in
           jax.tree_util.tree_leaves_with_path(mask)}
   assert flat["['reader']['bert']['embeddings']['word_embeddings']['embedding']"]
-  assert flat["['reader']['bert']['layer_0']['attention']['query']['kernel']"]
-  assert not flat["['reader']['bert']['layer_0']['attention']['query']['bias']"]
+  # The stacked layers' kernels decay, their biases and LayerNorms do not.
+  assert flat["['reader']['bert']['layers']['attention']['query']['kernel']"]
+  assert not flat["['reader']['bert']['layers']['attention']['query']['bias']"]
+  assert not flat["['reader']['bert']['layers']['output_layer_norm']['scale']"]
   assert not flat["['reader']['bert']['embeddings']['layer_norm']['scale']"]
   assert not flat["['reader']['mlm_head']['output_bias']"]
   assert not flat["['retriever']['embedder']['layer_norm']['bias']"]

@@ -1,5 +1,7 @@
 """One table of logical axis rules shards every parameter and the batch."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,17 +22,25 @@ def test_mesh_shape_and_errors():
     partitioning.make_mesh(data=3, model=2)
 
 
-def test_rules_shard_heads_mlp_and_vocab_over_model(tiny_config):
+@pytest.mark.parametrize('scan', [True, False])
+def test_rules_shard_heads_mlp_and_vocab_over_model(tiny_config, scan):
+  """The stacked layers' leading axis ('layers', under scan) is not
+  sharded; their other axes are, as the unrolled layers' are."""
+  config = dataclasses.replace(tiny_config, scan_layers=scan)
   mesh = partitioning.make_mesh(data=4, model=2)
   ids = jnp.ones((8, 6), jnp.int32)
-  abstract = jax.eval_shape(lambda: Bert(tiny_config).init(
+  abstract = jax.eval_shape(lambda: Bert(config).init(
       jax.random.key(0), ids, ids))['params']
   shardings = partitioning.logical_shardings(abstract, mesh)
-  layer = shardings['layer_0']
-  assert layer['attention']['query']['kernel'].spec == P(None, 'model', None)
-  assert layer['attention']['out']['kernel'].spec == P('model', None, None)
-  assert layer['intermediate']['kernel'].spec == P(None, 'model')
-  assert layer['output']['kernel'].spec == P('model', None)
+  layer = shardings['layers' if scan else 'layer_0']
+  lead = (None,) if scan else ()
+  assert layer['attention']['query']['kernel'].spec == P(
+      *lead, None, 'model', None)
+  assert layer['attention']['out']['kernel'].spec == P(
+      *lead, 'model', None, None)
+  assert layer['intermediate']['kernel'].spec == P(*lead, None, 'model')
+  assert layer['output']['kernel'].spec == P(*lead, 'model', None)
+  assert layer['output_layer_norm']['scale'].spec == P(*lead, None)
   assert shardings['embeddings']['word_embeddings']['embedding'].spec == P(
       'model', None)
   assert shardings['embeddings']['layer_norm']['scale'].spec == P(None)

@@ -12,7 +12,7 @@ import tensorflow as tf
 from safetensors.numpy import save_file
 
 from realm_jax import errors
-from realm_jax.models import pretrained
+from realm_jax.models import bert, pretrained
 from realm_jax.models.bert import Bert, BertConfig, mean_pool
 
 pytestmark = pytest.mark.unit
@@ -110,7 +110,7 @@ def test_tf_checkpoint_round_trip_matches_safetensors(tmp_path, pooled_config):
   jax.tree.map(np.testing.assert_array_equal, from_hf, from_tf)
   # PyTorch stores [out, in]; the Flax kernel is [in, heads, head_dim].
   np.testing.assert_array_equal(
-      from_tf['layer_1']['attention']['query']['kernel'].reshape(
+      from_tf['layers']['attention']['query']['kernel'][1].reshape(
           pooled_config.hidden_size, -1),
       state['encoder.layer.1.attention.self.query.weight'].T)
 
@@ -126,7 +126,24 @@ def test_directory_with_a_tf_checkpoint_is_found(tmp_path, tiny_config):
   _write_tf_checkpoint(str(tmp_path / 'bert_model.ckpt'),
                        _hf_state_dict(tiny_config))
   params = pretrained.load_bert_params(tmp_path, tiny_config)
-  assert 'pooler' not in params and len(params) == 1 + tiny_config.num_layers
+  assert set(params) == {'embeddings', 'layers'}
+
+
+def test_scanned_and_unrolled_configs_load_the_same_weights(tmp_path,
+                                                            tiny_config):
+  """A file's per-layer tensors load stacked on the leading axis for a
+  scanned config, one `layer_{i}` each for an unrolled one."""
+  state = _hf_state_dict(tiny_config)
+  save_file(state, str(tmp_path / 'model.safetensors'))
+  scanned = pretrained.load_bert_params(tmp_path, tiny_config)
+  unrolled = pretrained.load_bert_params(
+      tmp_path, dataclasses.replace(tiny_config, scan_layers=False))
+  assert set(unrolled) == {'embeddings', 'layer_0', 'layer_1'}
+  jax.tree.map(np.testing.assert_array_equal, scanned,
+               bert.stack_layers(unrolled, tiny_config.num_layers))
+  np.testing.assert_array_equal(
+      scanned['layers']['output']['kernel'][1],
+      state['encoder.layer.1.output.dense.weight'].T)
 
 
 def test_prefixed_and_gamma_beta_names_load(tmp_path, tiny_config):
@@ -217,7 +234,6 @@ def test_first_layers_of_a_deeper_checkpoint_load_only_when_asked(minilm_dir):
   first = pretrained.load_bert_params(minilm_dir, shallow,
                                       keep_first_layers=True)
   full = pretrained.load_bert_params(minilm_dir, config)
-  assert 'layer_2' not in first and set(first) < set(full)
-  np.testing.assert_array_equal(
-      first['layer_1']['attention']['query']['kernel'],
-      full['layer_1']['attention']['query']['kernel'])
+  query = lambda params: params['layers']['attention']['query']['kernel']
+  assert query(first).shape[0] == 2 and query(full).shape[0] == 6
+  np.testing.assert_array_equal(query(first), query(full)[:2])

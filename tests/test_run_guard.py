@@ -24,6 +24,7 @@ from orbax.checkpoint._src.serialization import serialization
 import realm_jax
 from realm_jax import errors, run_directory, run_guard
 from realm_jax.errors import CheckpointMismatch, CheckpointSaveFailed
+from realm_jax.models import bert
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.train_state import TrainState
 from tests.helpers import REPO
@@ -132,24 +133,91 @@ def _with_format(model_dir, **changes):
 
 
 @pytest.mark.unit
-def test_a_new_run_and_a_run_from_before_the_format_file_record_it(
-    tmp_path, caplog):
+def test_a_new_run_records_its_format(tmp_path):
   new = str(tmp_path / 'new')
+  assert run_guard.recorded_format(new) is None
   run_guard.check_format(new)
   run_guard.check_format(new)  # A new run killed before its first save.
+  with open(_format_file(new), encoding='utf-8') as f:
+    assert json.load(f) == run_guard.current_format()
+  assert run_guard.recorded_format(new) == run_guard.RUN_FORMAT
+
+
+@pytest.mark.unit
+def test_a_run_from_before_the_format_file_is_format_1_and_refused(
+    tmp_path, caplog):
+  """Format 1 laid each BERT's layers out one by one; this code stacks
+  them (format 2): a trainer cannot resume its optimizer state."""
   old = str(tmp_path / 'old')
   os.makedirs(_step_dir(old, 3))
+  assert run_guard.recorded_format(old) == run_guard.UNROLLED_LAYERS_FORMAT
   with caplog.at_level(logging.INFO, logger='realm_jax'):
-    run_guard.check_format(old)
+    with pytest.raises(errors.FormatMismatch,
+                       match=f'format 1 there, {run_guard.RUN_FORMAT} here'):
+      run_guard.check_format(old)
   assert 'taken as format 1' in caplog.text
-  for model_dir in (new, old):
-    with open(_format_file(model_dir), encoding='utf-8') as f:
-      assert json.load(f) == run_guard.current_format()
+  assert not os.path.exists(_format_file(old))
+
+
+# A BERT's parameters with two unrolled layers (format 1's layout).
+_UNROLLED = {'embeddings': {'scale': np.ones(3, np.float32)},
+             **{f'layer_{i}': {'output': {'kernel': np.full((2, 3), i,
+                                                            np.float32)}}
+                for i in range(2)}}
+
+
+def _save_unrolled(model_dir, format_version):
+  """A run whose towers and reader are BERTs with two unrolled layers."""
+  params = {'retriever': {'embedder': {'bert': _UNROLLED}},
+            'reader': {'bert': _UNROLLED, 'bias': np.zeros(2, np.float32)}}
+  writer = Checkpoints(model_dir, save_every=1)
+  writer.save(TrainState(step=jnp.asarray(4, jnp.int32), params=params,
+                         opt_state=(), rng=jax.random.PRNGKey(0)),
+              4, {'batches': 4}, force=True)
+  writer.close()
+  if format_version is not None:
+    with open(_format_file(model_dir), 'w', encoding='utf-8') as f:
+      json.dump({**run_guard.current_format(), 'format': format_version}, f)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize('format_version', [None, 1])
+def test_a_format_1_runs_unrolled_layers_are_read_stacked(tmp_path,
+                                                          format_version):
+  """Warm starts, evaluation and the index builder read a run written
+  before the layers were scanned in the layout this code builds."""
+  model_dir = str(tmp_path / 'old')
+  _save_unrolled(model_dir, format_version)
+  step, params = run_directory.restore_params(model_dir)
+  assert step == 4
+  for stacked in (params['retriever']['embedder']['bert'],
+                  params['reader']['bert']):
+    assert set(stacked) == {'embeddings', 'layers'}
+    np.testing.assert_array_equal(
+        stacked['layers']['output']['kernel'][:, 0, 0], [0, 1])
+    # As the models' own helper stacks them (the importers use it).
+    jax.tree.map(np.testing.assert_array_equal, stacked,
+                 bert.stack_layers(_UNROLLED))
+  np.testing.assert_array_equal(params['reader']['bias'], [0, 0])
+  towers = run_directory.restore_retriever_params(
+      run_directory.trainer_checkpoints(model_dir), 4)
+  assert set(towers['embedder']['bert']) == {'embeddings', 'layers'}
+
+
+@pytest.mark.unit
+def test_a_format_2_runs_unrolled_layers_stay_unrolled(tmp_path):
+  """A run of this code with scan_layers=False saved its layers unrolled;
+  they are read as saved."""
+  model_dir = str(tmp_path / 'unrolled')
+  _save_unrolled(model_dir, run_guard.RUN_FORMAT)
+  _, params = run_directory.restore_params(model_dir)
+  assert set(params['reader']['bert']) == {'embeddings', 'layer_0',
+                                           'layer_1'}
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize('changes,difference', [
-    ({'format': 0}, 'format 0 there, 1 here'),
+    ({'format': 1}, f'format 1 there, {run_guard.RUN_FORMAT} here'),
     ({'checkpoint_items': ['params', 'train_state']},
      "checkpoint items ['params', 'train_state'] there")])
 def test_a_run_of_another_layout_is_refused(tmp_path, changes, difference):

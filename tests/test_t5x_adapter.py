@@ -396,7 +396,7 @@ def _spread_retrieval(qa_model):
   spread -= np.outer(spread @ common, common)
   direction = np.linalg.svd(spread)[2][0]
   norm = {'scale': np.zeros_like(direction, np.float32),
-          'bias': (3 * direction / np.std(spread @ direction)).astype(
+          'bias': (12 * direction / np.std(spread @ direction)).astype(
               np.float32)}
   params = qa_model.params
   embedder = {**params['retriever']['embedder'], 'layer_norm': norm}

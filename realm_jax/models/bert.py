@@ -4,15 +4,23 @@ Post-LN BERT (Devlin et al. 2019) with logical axis names on every parameter and
 activation, so one table of rules (training/partitioning) decides the sharding.
 Parameters stay a plain pytree once unboxed: Orbax saves it and the index
 builder can load the document tower by sub-tree.
+
+The layers run under `nn.scan` (`BertConfig.scan_layers`): XLA compiles one
+layer body per sequence shape instead of one per layer, and the parameters of
+all layers are stacked on a leading axis, logical name 'layers', under the
+single key 'layers' (`stack_layers` turns the unrolled layout, `layer_0`,
+`layer_1`, ..., into that one; `unstack_layers` back).
 """
 
 import dataclasses
 import functools
+import re
 from typing import Any, NamedTuple
 
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from realm_jax.models.attention import attend
@@ -28,6 +36,18 @@ ACTIVATIONS = {
 def _dtype(value) -> jnp.dtype:
   """Accepts 'bfloat16', jnp.bfloat16 or a numpy dtype (gin passes strings)."""
   return jnp.dtype(value)
+
+
+# BertConfig.remat -> what a layer saves for the backward pass (None: nothing
+# but its input); 'none' is no rematerialization at all.
+REMAT_POLICIES = {
+    'none': None,
+    'full': None,
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+# The stacked layers' key in a scanned Bert's parameters, and the logical
+# name of their leading axis.
+LAYERS = 'layers'
 
 
 @gin.configurable
@@ -52,7 +72,15 @@ class BertConfig:
       default). Products accumulate in float32, and logits, softmaxes,
       LayerNorm statistics and the retrieval embeddings stay float32.
     param_dtype: parameter dtype (float32 keeps the optimizer exact).
-    remat: rematerialize each layer in the backward pass (saves memory).
+    remat: what each layer keeps for the backward pass (`REMAT_POLICIES`):
+      'none' keeps every activation; 'full' keeps only the layer's input and
+      recomputes the rest (the least memory); 'dots' keeps the outputs of the
+      matmuls without batch dimensions (the projections and the feed-forward
+      layer; attention scores and elementwise ops are recomputed). True and
+      False (older configs) mean 'full' and 'none'.
+    scan_layers: run the layers under `nn.scan`, their parameters stacked
+      under 'layers' (one compiled layer body); False: a Python loop over
+      `layer_0` ... `layer_{L-1}` (one compiled copy per layer).
     add_pooler: add BERT's tanh pooler over [CLS] (the released REALM towers
       project its output; our own towers project the raw [CLS]).
     hidden_act: 'gelu' (exact, erf) or 'gelu_new' (the tanh approximation of
@@ -76,7 +104,8 @@ class BertConfig:
   initializer_range: float = 0.02
   dtype: Any = 'float32'
   param_dtype: Any = 'float32'
-  remat: bool = False
+  remat: str = 'none'
+  scan_layers: bool = True
   add_pooler: bool = False
   hidden_act: str = 'gelu'
   attention_chunk: int | None = None
@@ -85,6 +114,11 @@ class BertConfig:
   def __post_init__(self):
     object.__setattr__(self, 'dtype', _dtype(self.dtype))
     object.__setattr__(self, 'param_dtype', _dtype(self.param_dtype))
+    if isinstance(self.remat, bool):
+      object.__setattr__(self, 'remat', 'full' if self.remat else 'none')
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f'BertConfig.remat={self.remat!r}; expected one of '
+                       f'{tuple(REMAT_POLICIES)}.')
     if self.hidden_act not in ACTIVATIONS:
       raise ValueError(f'BertConfig.hidden_act={self.hidden_act!r}; expected '
                        f'one of {tuple(ACTIVATIONS)}.')
@@ -251,6 +285,25 @@ class TransformerLayer(nn.Module):
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
 
+class ScannedLayer(TransformerLayer):
+  """A TransformerLayer as `nn.scan`'s body: (carry, nothing scanned in) ->
+  (carry, nothing scanned out); same parameters, same names."""
+
+  def __call__(self, x, input_mask, deterministic: bool):
+    return super().__call__(x, input_mask, deterministic), None
+
+
+def _rematted(layer, config: BertConfig, scanned: bool):
+  """`layer` under the config's rematerialization policy (itself for
+  'none'). Under scan, whose loop already keeps XLA from merging the
+  recomputation into the forward pass, CSE prevention is off."""
+  if config.remat == 'none':
+    return layer
+  # self is argument 0 for the lifted remat, so `deterministic` is 3.
+  return nn.remat(layer, policy=REMAT_POLICIES[config.remat],
+                  prevent_cse=not scanned, static_argnums=(3,))
+
+
 class BertOutput(NamedTuple):
   sequence_output: jax.Array  # [batch, length, hidden]
   pooled_output: jax.Array | None  # [batch, hidden] when add_pooler
@@ -262,11 +315,19 @@ class Bert(nn.Module):
 
   def setup(self):
     c = self.config
-    # self is argument 0 for the lifted remat, so `deterministic` is 3.
-    layer = (nn.remat(TransformerLayer, static_argnums=(3,))
-             if c.remat else TransformerLayer)
     self.embeddings = Embeddings(c)
-    self.layers = [layer(c, name=f'layer_{i}') for i in range(c.num_layers)]
+    if c.scan_layers:
+      # One layer's parameters per step of the loop, stacked on axis 0;
+      # each step draws its own initializer and dropout keys.
+      self.layers = nn.scan(
+          _rematted(ScannedLayer, c, scanned=True),
+          variable_axes={'params': 0},
+          split_rngs={'params': True, 'dropout': True},
+          in_axes=(nn.broadcast, nn.broadcast), length=c.num_layers,
+          metadata_params={nn.PARTITION_NAME: LAYERS})(c)
+    else:
+      layer = _rematted(TransformerLayer, c, scanned=False)
+      self.layers = [layer(c, name=f'layer_{i}') for i in range(c.num_layers)]
     if c.add_pooler:
       self.pooler = dense(c, c.hidden_size, ('embed', 'mlp'), 'pooler')
 
@@ -276,8 +337,12 @@ class Bert(nn.Module):
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(token_ids)
     x = self.embeddings(token_ids, token_type_ids, deterministic)
-    for layer in self.layers:
-      x = layer(x, input_mask, deterministic)
+    if self.config.scan_layers:
+      # `deterministic` is broadcast as the Python bool it is (static).
+      x, _ = self.layers(x, input_mask, deterministic)
+    else:
+      for layer in self.layers:
+        x = layer(x, input_mask, deterministic)
     pooled = None
     if self.config.add_pooler:
       pooled = jnp.tanh(self.pooler(x[:, 0]))
@@ -286,6 +351,53 @@ class Bert(nn.Module):
   def attend(self, hidden):
     """Tied-embedding vocabulary logits, for the masked-LM head."""
     return self.embeddings.attend(hidden)
+
+
+_LAYER_KEY = re.compile(r'layer_(\d+)$')
+
+
+def _stack(leaves):
+  """numpy's stack for numpy leaves (an importer's, a restored checkpoint's),
+  else jax's."""
+  if all(isinstance(x, np.ndarray) for x in leaves):
+    return np.stack(leaves)
+  return jnp.stack(leaves)
+
+
+def stack_layers(params: dict, num_layers: int | None = None) -> dict:
+  """A Bert's parameters with unrolled layers (`layer_0` ... `layer_{L-1}`,
+  scan_layers=False) in the scanned layout: every leaf of the layers stacked
+  on a new leading axis under `LAYERS`; the rest (embeddings, pooler) as is.
+  `num_layers` (default: as many as there are) must match the keys."""
+  layers = sorted((int(m.group(1)), k) for k in params
+                  if (m := _LAYER_KEY.match(k)))
+  count = len(layers) if num_layers is None else num_layers
+  if [i for i, _ in layers] != list(range(count)):
+    raise ValueError(f'stack_layers: expected layer_0 ... layer_{count - 1}, '
+                     f'got {sorted(k for _, k in layers)}.')
+  stacked = {k: v for k, v in params.items() if not _LAYER_KEY.match(k)}
+  stacked[LAYERS] = jax.tree.map(lambda *xs: _stack(xs),
+                                 *(params[k] for _, k in layers))
+  return stacked
+
+
+def unstack_layers(params: dict) -> dict:
+  """The inverse of `stack_layers`: a scanned Bert's parameters with one
+  `layer_{i}` tree per slice of the stacked axis."""
+  unrolled = {k: v for k, v in params.items() if k != LAYERS}
+  count = jax.tree.leaves(params[LAYERS])[0].shape[0]
+  for i in range(count):
+    unrolled[f'layer_{i}'] = jax.tree.map(lambda x, i=i: x[i], params[LAYERS])
+  return unrolled
+
+
+def in_layout(params: dict, config: BertConfig) -> dict:
+  """A Bert's parameters, in either layout, in the one `config` builds."""
+  if config.scan_layers and LAYERS not in params:
+    return stack_layers(params, config.num_layers)
+  if not config.scan_layers and LAYERS in params:
+    return unstack_layers(params)
+  return params
 
 
 def mean_pool(sequence_output, input_mask):

@@ -21,6 +21,7 @@ from etils import epath
 
 from realm_jax import extras
 from realm_jax.errors import WeightImportError
+from realm_jax.models import bert
 from realm_jax.models.bert import ACTIVATIONS, BertConfig
 
 # Tensors that belong to heads or training state a BERT encoder does not use.
@@ -99,7 +100,9 @@ def layer_norm_tensors(path, hf, tf, width) -> list[Tensor]:
 
 
 def bert_tensors(config: BertConfig) -> list[Tensor]:
-  """Every parameter of `Bert(config)` with its HF and TF names."""
+  """Every parameter of `Bert(config)` with its HF and TF names, its layers
+  unrolled (`layer_0`, ...: one tensor of a file each; `assemble_bert`
+  stacks them for a scanned config)."""
   c = config
   h, heads, kv = c.hidden_size, c.num_heads, c.head_dim
   tensors = []
@@ -245,6 +248,13 @@ def assemble(tensors: Iterable[Tensor], get: Callable[[str], np.ndarray],
   return params
 
 
+def assemble_bert(tensors: Iterable[Tensor], get: Callable[[str], np.ndarray],
+                  transpose_kernels: bool, config: BertConfig) -> dict:
+  """`assemble` for the `bert_tensors` of `config`, in its layer layout."""
+  return bert.in_layout(
+      assemble(tensors, get, transpose_kernels, config.param_dtype), config)
+
+
 def _upper_layer(name: str, num_layers: int) -> bool:
   match = _LAYER.search(name)
   return bool(match) and int(match.group(1)) >= num_layers
@@ -281,8 +291,7 @@ def load_bert_params(path, config: BertConfig,
       or (n.startswith(('pooler', 'bert/pooler')) and not config.add_pooler))
   check_tensors(f'Cannot load BERT weights from {source.path} into {config}:',
                 source.shapes, expected, transpose, ignored)
-  params = assemble(expected.values(), source.get, transpose,
-                    config.param_dtype)
+  params = assemble_bert(expected.values(), source.get, transpose, config)
   logging.info('Loaded %d BERT tensors from %s (%d head/optimizer tensors '
                'skipped).', len(expected), source.path,
                len(source.shapes) - len(expected))

@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import linen as nn
 
-from realm_jax import errors, run_directory
+from realm_jax import errors, run_directory, run_guard
 from realm_jax.data import corpus
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.index import publication
@@ -147,7 +147,7 @@ def read_params(sources: list[Source], model: Realm, fresh: dict) -> dict:
     tensors = layouts.layout_tensors(source.layout, model)
     read = pretrained.assemble(tensors, source.file.read, source.layout.hf,
                                np.float32)
-    params = _merged(params, read)
+    params = _merged(params, layouts.in_model_layout(read, model))
   return params
 
 
@@ -257,6 +257,8 @@ def _fresh_params(model: Realm, seed: int = 0) -> dict:
 
 
 def _save_params(model_dir: str, step: int, params: dict) -> None:
+  # The layout the checkpoint is written in, as a trainer records it.
+  run_guard.check_format(model_dir)
   manager = ocp.CheckpointManager(
       run_directory.writable(run_directory.checkpoints_dir(model_dir)),
       options=run_directory.pruning_options(

@@ -14,7 +14,7 @@ with its pooler, then the 128-wide projection and LayerNorm) and the reader
 import dataclasses
 import re
 
-from realm_jax.models import pretrained
+from realm_jax.models import bert, pretrained
 from realm_jax.models.pretrained import Tensor
 from realm_jax.models.realm import Realm
 
@@ -101,7 +101,8 @@ def _named(tensor: Tensor, path: tuple[str, ...], name: str) -> Tensor:
 
 
 def _bert(layout: Layout, prefix: str, config, path) -> list[Tensor]:
-  """A BERT's tensors under `prefix` (which, in TF, ends with 'bert/')."""
+  """A BERT's tensors under `prefix` (which, in TF, ends with 'bert/'), its
+  layers unrolled as the files hold them (`in_model_layout` stacks them)."""
   def name(t: Tensor) -> str:
     return prefix + (t.hf_name if layout.hf else t.tf_name.removeprefix(
         'bert/'))
@@ -118,6 +119,15 @@ def _dense(layout, path, prefix, name, shape, half=None) -> list[Tensor]:
   return [dataclasses.replace(t, half=half) for t in tensors]
 
 
+def berts(model: Realm) -> dict[tuple[str, ...], bert.BertConfig]:
+  """Where each BERT a released file may hold lives in our parameter tree,
+  and its config: the (shared) retriever tower's, with its pooler, and the
+  reader's."""
+  return {('retriever', 'embedder', 'bert'): dataclasses.replace(
+      model.retriever_config, add_pooler=True),
+          ('reader', 'bert'): model.reader_config}
+
+
 def layout_tensors(layout: Layout, model: Realm) -> list[Tensor]:
   """Every tensor `layout` must hold for `model` (a Realm with shared towers
   and pooler pooling), with its path in our parameter tree."""
@@ -125,11 +135,10 @@ def layout_tensors(layout: Layout, model: Realm) -> list[Tensor]:
   h, s = reader.hidden_size, model.span_projection_size
   sep = _sep(layout)
   tensors = []
+  (tower_bert, tower_config), (reader_bert, _) = berts(model).items()
   if layout.embedder is not None:
-    tower = ('retriever', 'embedder')
-    tensors += _bert(layout, layout.embedder,
-                     dataclasses.replace(retriever, add_pooler=True),
-                     tower + ('bert',))
+    tower = tower_bert[:-1]
+    tensors += _bert(layout, layout.embedder, tower_config, tower_bert)
     p = layout.projection
     tensors += _dense(layout, tower + ('projection',), p, 'dense',
                       (retriever.hidden_size, model.projection_size))
@@ -137,7 +146,7 @@ def layout_tensors(layout: Layout, model: Realm) -> list[Tensor]:
         tower + ('layer_norm',), p + 'LayerNorm', p + 'LayerNorm',
         model.projection_size)
   if layout.reader is not None:
-    tensors += _bert(layout, layout.reader, reader, ('reader', 'bert'))
+    tensors += _bert(layout, layout.reader, reader, reader_bert)
     m, head = layout.mlm_head, ('reader', 'mlm_head')
     transform = m + 'transform' + sep
     tensors += _dense(layout, head + ('transform',), transform, 'dense',
@@ -159,6 +168,18 @@ def layout_tensors(layout: Layout, model: Realm) -> list[Tensor]:
         q + 'layer_normalization', s)
     tensors += _dense(layout, head + ('score',), q, output, (s, 1))
   return tensors
+
+
+def in_model_layout(params: dict, model: Realm) -> dict:
+  """Parameters read from a released file (each BERT's layers unrolled) with
+  each BERT in the layout of its config (stacked when it scans)."""
+  for path, config in berts(model).items():
+    parent = params
+    for key in path[:-1]:
+      parent = parent.get(key, {})
+    if path[-1] in parent:
+      parent[path[-1]] = bert.in_layout(parent[path[-1]], config)
+  return params
 
 
 def expected_names(layout: Layout, model: Realm) -> dict[str, list[Tensor]]:

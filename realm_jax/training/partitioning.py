@@ -5,7 +5,7 @@ their own devices: `embed.DocumentEmbedder` and `exact.index_mesh`.) A 2-D
 mesh ('data', 'model'): the batch is split over 'data'; attention heads,
 feed-forward units and the vocabulary are split over 'model' (Megatron-style).
 The Flax modules name their axes logically (batch, length, embed, heads, kv,
-mlp, vocab, ...); `LOGICAL_AXIS_RULES` maps those names onto mesh axes, and a
+mlp, vocab, layers, ...); `LOGICAL_AXIS_RULES` maps those names onto mesh axes, and a
 name without a rule is replicated.
 """
 
@@ -17,6 +17,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 LOGICAL_AXIS_RULES = (
     ('batch', 'data'),
+    # The stacked layers of a scanned BERT (bert.LAYERS): every device holds
+    # every layer, each sharded along its other axes.
+    ('layers', None),
     ('heads', 'model'),
     ('mlp', 'model'),
     ('vocab', 'model'),
