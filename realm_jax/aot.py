@@ -35,6 +35,7 @@ import sys
 import time
 
 import gin
+from etils import epath
 import jax
 import jax.extend
 import numpy as np
@@ -121,14 +122,14 @@ def find_libtpu() -> tuple[str, str]:
   saying how to install it, if neither has it."""
   apart = libtpu_dir()
   library = os.path.join(apart, 'libtpu', 'libtpu.so')
-  if os.path.isfile(library):
+  if epath.Path(library).is_file():
     found = list(importlib.metadata.distributions(name='libtpu',
                                                   path=[apart]))
     return library, found[0].version if found else 'unknown version'
   spec = importlib.util.find_spec('libtpu')  # Finds it without importing.
   if spec is not None and spec.submodule_search_locations:
     library = os.path.join(spec.submodule_search_locations[0], 'libtpu.so')
-    if os.path.isfile(library):
+    if epath.Path(library).is_file():
       return library, importlib.metadata.version('libtpu')
   raise extras.MissingExtra(
       f'Compiling for a TPU needs libtpu, which is not in {apart}: `make '
