@@ -326,6 +326,30 @@ def _stacked_layers(tree):
   return {k: _stacked_layers(v) for k, v in tree.items()}
 
 
+def _unstacked_layers(tree: dict) -> dict:
+  """One level of `_stacked_layers` undone: 'layers' split into `layer_i`."""
+  stacked = tree['layers']
+  count = jax.tree.leaves(stacked)[0].shape[0]
+  tree = {k: v for k, v in tree.items() if k != 'layers'}
+  for i in range(count):
+    tree[f'layer_{i}'] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return tree
+
+
+def in_layout_of(tree, like):
+  """`tree` with each BERT in it laid out as in `like` (the parameters a
+  model builds): stacked under 'layers' where `like` scans, `layer_0` ...
+  where it does not. A warm start's source run may have been trained with
+  the other `BertConfig.scan_layers`."""
+  if not isinstance(tree, dict) or not isinstance(like, dict):
+    return tree
+  if 'layers' in like and 'layer_0' in tree:
+    tree = _stacked_layers(tree)
+  elif 'layer_0' in like and 'layers' in tree:
+    tree = _unstacked_layers(tree)
+  return {k: in_layout_of(v, like.get(k)) for k, v in tree.items()}
+
+
 def _in_current_layout(model_dir: str, params):
   """Parameters restored from `model_dir` as this code lays them out: a run
   written before the layers were scanned (format 1) has each BERT's layers

@@ -310,3 +310,22 @@ def test_hidden_act_picks_exact_or_tanh_gelu(tiny_config):
   assert not np.array_equal(outputs[0], outputs[1])
   with pytest.raises(ValueError, match="hidden_act='relu'"):
     BertConfig(hidden_act='relu')
+
+
+def test_a_warm_start_source_takes_the_layout_of_the_model_it_starts():
+  """A run trained with either scan_layers warm-starts a model of the
+  other: its BERTs are stacked or unrolled to match, values unchanged."""
+  from realm_jax import run_directory  # pylint: disable=g-import-not-at-top
+  unrolled = {'embeddings': {'w': np.ones(2)},
+              'layer_0': {'k': np.zeros((2, 3))},
+              'layer_1': {'k': np.ones((2, 3))}}
+  stacked = bert.stack_layers(unrolled)
+  head = {'bias': np.ones(4)}
+  scanned = run_directory.in_layout_of({'bert': unrolled, 'head': head},
+                                       {'bert': stacked, 'head': head})
+  assert sorted(scanned['bert']) == ['embeddings', 'layers']
+  np.testing.assert_array_equal(scanned['bert']['layers']['k'],
+                                stacked['layers']['k'])
+  back = run_directory.in_layout_of(scanned, {'bert': unrolled, 'head': head})
+  assert sorted(back['bert']) == ['embeddings', 'layer_0', 'layer_1']
+  np.testing.assert_array_equal(back['bert']['layer_1']['k'], 1)

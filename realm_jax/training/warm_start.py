@@ -51,8 +51,8 @@ def ict_retriever(params, ict_model_dir: str) -> WarmStart:
   step, ict = run_directory.restore_params(ict_model_dir)
   log.info('retriever warm-started from ICT step %d of %s', step,
            ict_model_dir)
-  return WarmStart({**params, 'retriever': ict['retriever']},
-                   (ict_model_dir, step))
+  retriever = run_directory.in_layout_of(ict['retriever'], params['retriever'])
+  return WarmStart({**params, 'retriever': retriever}, (ict_model_dir, step))
 
 
 def _with_reader(model_dir: str, option: str, hint: str = ''):
@@ -70,7 +70,8 @@ def reader(params, reader_model_dir: str) -> dict:
   pre-training run's last checkpoint."""
   step, restored = _with_reader(reader_model_dir, 'Pretrain.reader_model_dir')
   log.info('reader warm-started from step %d of %s', step, reader_model_dir)
-  return {**params, 'reader': restored['reader']}
+  return {**params, 'reader': run_directory.in_layout_of(restored['reader'],
+                                                         params['reader'])}
 
 
 def pretrained_realm(pretrain_model_dir: str) -> WarmStart:
