@@ -9,9 +9,10 @@ model and the first 60 Wikipedia leads, with the index schedule fixed
 (`IndexClient.lockstep_interval`): every step's retrieval, and so its loss,
 is then the same however the jobs are interrupted. An episode is one run to
 its last step; faults come one at a time while it runs:
-  kill trainer     SIGKILL at any moment, during an asynchronous checkpoint
-                   save, while the first index is embedded, or while the
-                   trainer waits for an index; then restarted;
+  kill trainer     SIGKILL at any moment, during an asynchronous save (a
+                   checkpoint, or a retriever snapshot: the trainer saves
+                   one of each in turn), while the first index is embedded,
+                   or while the trainer waits for an index; then restarted;
   kill builder     SIGKILL at any moment, mid-publish, or while it prunes;
   kill both        both at once;
   damage checkpoint / damage index
@@ -55,7 +56,10 @@ TINY_FLAGS = ['--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/tiny.gi
          '--gin.bert_adamw.warmup_steps=1', '--gin.Pretrain.num_candidates=4',
          '--gin.Pretrain.max_masked=8', '--gin.Pretrain.query_length=32',
          "--gin.Pretrain.bert_dir=''",
-         f'--gin.train.checkpoint_every={INTERVAL}', '--gin.train.log_every=1',
+         # The builder's steps alternate: a retriever snapshot, a checkpoint.
+         f'--gin.train.retriever_every={INTERVAL}',
+         f'--gin.train.checkpoint_every={2 * INTERVAL}',
+         '--gin.train.log_every=1',
          f'--gin.IndexClient.lockstep_interval={INTERVAL}',
          f'--gin.run_refresh.refresh_interval_steps={INTERVAL}']
 
@@ -165,6 +169,7 @@ class Episode:
     os.makedirs(self.log_dir)
     self.rng = rng
     self.checkpoints = os.path.join(self.model_dir, 'checkpoints')
+    self.snapshots = os.path.join(self.model_dir, 'retriever_snapshots')
     self.index = os.path.join(self.model_dir, 'index')
     corpus_dir = os.path.join(env['REALM_CORPUS_DIR'], 'wiki_leads')
     self.trainer = Job('trainer', ['train', f'--model_dir={self.model_dir}',
@@ -179,7 +184,8 @@ class Episode:
 
   # Where the jobs are, from what they leave on disk.
   def trainer_phase(self) -> str:
-    if glob.glob(os.path.join(self.checkpoints, '*.orbax-checkpoint-tmp*')):
+    if any(glob.glob(os.path.join(directory, '*.orbax-checkpoint-tmp*'))
+           for directory in (self.checkpoints, self.snapshots)):
       return 'checkpoint save'
     if 0 in _steps(self.checkpoints) and not _steps(self.index):
       return 'first index'
@@ -348,7 +354,8 @@ class Episode:
       else:
         unnamed.append(name)
     left = [os.path.relpath(p, self.model_dir) for pattern in TEMPORARY
-            for sub in ('checkpoints', 'index', '') for p in glob.glob(
+            for sub in ('checkpoints', 'retriever_snapshots', 'index', '')
+            for p in glob.glob(
                 os.path.join(self.model_dir, sub, pattern))]
     return {'trainer_exit': self.trainer.process.returncode,
             'builder_exit': self.builder.process.returncode,

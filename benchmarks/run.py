@@ -1,7 +1,7 @@
 """The benchmark runner: prints a table per benchmark and writes
 benchmarks/results/<machine>-<date>.json (docs/benchmarks.md reads it).
 
-  python -m benchmarks.run [--quick] [--only encoder|train_step|embed|mips|sharing]
+  python -m benchmarks.run [--quick] [--only encoder|train_step|embed|mips|sharing|saves]
       [--paper_scale] [--index_dir DIR]
   python -m benchmarks.run --accelerator [--quick] [--budget_s 400]
 
@@ -26,10 +26,11 @@ import platform
 import re
 import time
 
-from benchmarks import embed, encoder, mips, sharing, train_step
+from benchmarks import embed, encoder, mips, saves, sharing, train_step
 
 BENCHMARKS = {'encoder': encoder.run, 'train_step': train_step.run,
-              'embed': embed.run, 'mips': mips.run, 'sharing': sharing.run}
+              'embed': embed.run, 'mips': mips.run, 'sharing': sharing.run,
+              'saves': saves.run}
 ACCELERATOR = {'encoder': encoder.accelerator,
                'train_step': train_step.accelerator,
                'embed': embed.accelerator, 'mips': mips.run_sweep}

@@ -263,7 +263,7 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
              *bindings: str, with_refresh: bool = True) -> dict:
   """REALM pre-training from the ICT retriever and the warm reader, with the
   index builder beside it (launch.local; its log: model_dir/refresh.log)
-  re-embedding a checkpoint every `refresh_interval` steps (`bindings`
+  re-embedding the towers every `refresh_interval` steps (`bindings`
   change the run: the ablations). Without `with_refresh` the run needs no
   index (the baseline reads the null document alone)."""
   interval = preset.refresh_interval
@@ -272,9 +272,14 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
            '--gin.train.log_every=1',
            f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
            f'--gin.Pretrain.reader_model_dir="{reader_dir}"',
-           # The builder embeds checkpoints; a run without it saves its last.
+           # The builder embeds the towers alone, saved every interval
+           # (docs/training.md, "Checkpoints and the index builder"); whole
+           # checkpoints, for resuming, ten times as far apart. A run
+           # without the builder saves its last.
+           *([f'--gin.train.retriever_every={interval}'] if with_refresh
+             else []),
            '--gin.train.checkpoint_every='
-           f'{interval if with_refresh else preset.pretrain_steps}',
+           f'{10 * interval if with_refresh else preset.pretrain_steps}',
            f'--gin.run_refresh.refresh_interval_steps={interval}',
            '--gin.train.eval_every=0',
            f'--gin.bert_adamw.warmup_steps={preset.pretrain_steps // 10}',
@@ -343,13 +348,15 @@ def finetune(model_dir: str, setup: str, num_steps: int, warm_start: str,
              refresh_interval: int | None = None) -> dict:
   """NQ fine-tuning; `warm_start` binds Finetune.pretrain_model_dir (REALM)
   or Finetune.ict_model_dir (ORQA). With a `refresh_interval` the document
-  tower trains too, and the index builder beside the trainer re-embeds a
-  checkpoint every `refresh_interval` steps, as in pre-training."""
+  tower trains too, and the index builder beside the trainer re-embeds the
+  towers every `refresh_interval` steps, as in pre-training."""
   flags = [f'--gin.train.num_steps={num_steps}', '--gin.train.batch_size=8',
            f'--gin.Finetune.{warm_start}',
            # `[CLS] question [SEP] block [SEP]`: questions are short.
            '--gin.build_realm.reader_length=96', '--gin.train.eval_every=0',
-           f'--gin.train.checkpoint_every={refresh_interval or num_steps}',
+           f'--gin.train.checkpoint_every={num_steps}',
+           *([f'--gin.train.retriever_every={refresh_interval}']
+             if refresh_interval else []),
            f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
            '--gin.bert_adamw.learning_rate=5e-5']
   if refresh_interval is None:
@@ -750,7 +757,7 @@ def _end_to_end_markdown(results: dict, sizes: dict) -> list[str]:
       f'NQ fine-tuning from REALM, {steps} steps of batch 8, twice: with the '
       'document tower frozen and the index the run started with (the '
       "paper's, ORQA's), and with the document tower trained and the index "
-      f'builder re-embedding a checkpoint every {interval} steps beside the '
+      f'builder re-embedding the towers every {interval} steps beside the '
       'trainer (EMDR2, Atlas). Each is scored with its own index of its '
       'last step on all NQ questions.', '',
       '| comparison | A | B | A - B [95% interval] | paper | verdict |',

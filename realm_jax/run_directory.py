@@ -12,6 +12,11 @@ The two jobs share nothing but one model_dir:
                             `reader_params` (not in ICT runs), `train_state`
                             and `data_position`;
   checkpoints/TRAINING_DONE written by the trainer when it ends;
+  retriever_snapshots/<step>/
+                            the towers alone (item `retriever_params`),
+                            saved between checkpoints for the builder
+                            (`train.retriever_every`): a refresh cadence at
+                            a fraction of a checkpoint's bytes;
   index/<step>/             the published indexes, `step` being the trainer
                             step whose parameters embedded the corpus: items
                             `embeddings`, `metadata` and, for ScaNN, `scann`;
@@ -52,6 +57,7 @@ from realm_jax.errors import DamagedStepError, NotFound
 
 CONFIG = 'config.gin'
 CHECKPOINTS = 'checkpoints'
+SNAPSHOTS = 'retriever_snapshots'
 INDEX = 'index'
 DONE_MARKER = 'TRAINING_DONE'
 INDEX_REQUEST = 'REQUESTED'
@@ -95,6 +101,10 @@ def config_path(model_dir: str) -> epath.Path:
 
 def checkpoints_dir(model_dir: str) -> str:
   return os.path.join(absolute(model_dir), CHECKPOINTS)
+
+
+def snapshots_dir(model_dir: str) -> str:
+  return os.path.join(absolute(model_dir), SNAPSHOTS)
 
 
 def index_dir(model_dir: str) -> str:
@@ -371,6 +381,43 @@ def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
       restored[RETRIEVER_ITEM])
 
 
+class RetrieverSteps:
+  """Every step whose towers a run keeps, for the index builder: its
+  checkpoints and its retriever snapshots, read-only (`reload` to see new
+  ones). A step both hold is read from the checkpoint."""
+
+  def __init__(self, model_dir: str):
+    self.model_dir = model_dir
+    self.checkpoints = trainer_checkpoints(model_dir)
+    self._snapshots = None  # Made once the trainer has written one.
+    self._holder = {}
+
+  def _managers(self) -> list[ocp.CheckpointManager]:
+    if self._snapshots is None and epath.Path(
+        snapshots_dir(self.model_dir)).is_dir():
+      self._snapshots = ocp.CheckpointManager(
+          snapshots_dir(self.model_dir), options=reader_options(
+              multiprocessing_options=every_process()))
+    return [m for m in (self._snapshots, self.checkpoints) if m is not None]
+
+  def reload(self) -> list[int]:
+    """Re-lists both directories; the steps, sorted."""
+    self._holder = {step: manager for manager in self._managers()
+                    for step in reload(manager)}
+    return sorted(self._holder)
+
+  def where(self, step: int) -> str:
+    """The directory of `step` (as of the last `reload`)."""
+    return str(_where(self._holder[step], step))
+
+  def restore(self, step: int):
+    """The towers' parameters of `step` (see `restore_retriever_params`);
+    None if it is not kept, or was pruned meanwhile."""
+    if step not in self._holder:
+      return None
+    return restore_retriever_params(self._holder[step], step)
+
+
 def restore_params(model_dir: str, step: int | None = None,
                    towers=('retriever', 'reader')) -> tuple[int, dict]:
   """(step, {'retriever': ..., 'reader': ...}) of a run's checkpoint `step`
@@ -400,11 +447,4 @@ def restore_params(model_dir: str, step: int | None = None,
   if params is None:
     raise NotFound(f'No checkpoint {step} under {checkpoints_dir(model_dir)}; '
                    f'kept: {reload(manager)}.')
-  return step, params
-  kept = reload(manager)
-  params = read(step) if step in kept else None
-  if params is None:
-    raise FileNotFoundError(
-        f'No checkpoint {step} under {checkpoints_dir(model_dir)}; kept: '
-        f'{reload(manager)}.')
   return step, params

@@ -88,6 +88,14 @@ def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
     assert sharing['trainer_steps_per_s'] > 0
     assert sharing['demo_refresh_s'] == 10_054 / sharing['builder_docs_per_s']
 
+  saved = {row['saved']: row for row in rows['saves']}
+  # The towers alone (shared: one BERT) against the towers, the reader and
+  # AdamW's two moments of each.
+  assert (saved['checkpoint']['gib_per_save'] >
+          5 * saved['retriever snapshot']['gib_per_save'] > 0)
+  for row in saved.values():
+    assert row['blocked_s'] > 0 and row['write_s'] > 0
+
   mips_rows = {(row['dtype'], row['searcher']): row for row in rows['mips']}
   assert mips_rows['float32', 'numpy']['recall_at_8'] == 1.0
   assert mips_rows['float32', 'exact']['recall_at_8'] == 1.0
@@ -101,7 +109,7 @@ def test_quick_run_of_every_benchmark_writes_its_tables_as_json(tmp_path,
   assert (mips_rows['bfloat16', 'exact']['index_bytes'] >=
           mips.QUICK_ROWS * 128 * 2)
   out = capsys.readouterr().out
-  for name in ('encoder', 'train_step', 'embed', 'mips', 'sharing'):
+  for name in ('encoder', 'train_step', 'embed', 'mips', 'sharing', 'saves'):
     assert f'| {name} |' in out
 
 

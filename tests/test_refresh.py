@@ -12,14 +12,20 @@ import time
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
 from realm_jax.data import corpus
 from realm_jax import errors, run_directory
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
+from realm_jax.models.retriever import init_retriever_params
+from realm_jax.index.corpus_sync import _document_tower
 from realm_jax.index.refresh import IndexBuilder, due_step
+from realm_jax.training.checkpoints import Checkpoints
+from realm_jax.training.train_state import TrainState
 from realm_jax.evaluation import qa_evaluation
-from tests.helpers import TINY, BuilderStandIn, TrainerStandIn, train_tiny
+from tests.helpers import (TINY, BuilderStandIn, TrainerStandIn,
+                           tiny_retriever, train_tiny)
 
 pytestmark = pytest.mark.integration
 
@@ -319,10 +325,61 @@ def test_the_builder_never_embeds_a_damaged_checkpoint(dirs, tiny_gin,
                         run_directory.RETRIEVER_ITEM, 'commit_success.txt')
   os.remove(marker)
   assert builder.poll() == 'waiting' and builder.poll() == 'waiting'
-  assert caplog.text.count('Not embedding checkpoint 1: Step ') == 1
+  assert caplog.text.count('Not embedding step 1: Step ') == 1
   assert marker in caplog.text
   assert not run_directory.reload(builder.index)
   run_directory.set_aside(run_directory.checkpoints_dir(model_dir), 1)
   trainer.checkpoints.reload()
   trainer.save(1)
   assert builder.poll() == 'published' and builder.last == 1
+
+
+def _state(step, towers, reader):
+  """A trainer state whose parameters are all `step`."""
+  full = lambda tree: jax.tree.map(lambda x: np.full_like(x, step), tree)
+  return TrainState(step=np.asarray(step), rng=jax.random.key_data(
+      jax.random.key(0)), params={'retriever': full(towers),
+                                  'reader': full(reader)},
+                    opt_state=(full(reader), full(reader)))
+
+
+def test_retriever_snapshots_between_checkpoints_are_embedded_alone(
+    dirs, tiny_gin):
+  """With retriever_every = 2 and a checkpoint every 4 steps, the steps
+  between hold the towers alone; the builder embeds them as checkpoints,
+  a changed corpus is synced with them, and a run resumed from checkpoint
+  4 passes over the snapshot 6 it saved before it was stopped."""
+  model_dir, corpus_dir = dirs
+  towers = init_retriever_params(tiny_retriever(), jax.random.key(0))
+  reader = {'kernel': np.zeros((64, 64), np.float32)}
+  saving = Checkpoints(model_dir, save_every=4, keep=3, retriever_every=2)
+  for step in range(7):
+    saving.save(_state(step, towers, reader), step, {'batches': step},
+                force=step == 0)
+  saving.close()
+  snapshots = run_directory.snapshots_dir(model_dir)
+  assert run_directory.reload(saving.manager) == [0, 4]
+  assert sorted(os.listdir(snapshots)) == ['2', '6']
+  assert [p.name for p in epath.Path(snapshots, '6').iterdir()
+          if p.is_dir()] == [run_directory.RETRIEVER_ITEM]
+  steps = run_directory.RetrieverSteps(model_dir)
+  assert steps.reload() == [0, 2, 4, 6]
+  assert steps.where(6) == os.path.join(snapshots, '6')
+  for leaf in jax.tree.leaves(steps.restore(6)):
+    np.testing.assert_array_equal(leaf, 6)
+
+  builder = IndexBuilder(model_dir, corpus_dir, interval=2)
+  assert builder.poll() == 'published'
+  index = publication.read_metadata(builder.index, 6)
+  assert index['params_step'] == 6
+  for leaf in jax.tree.leaves(_document_tower(model_dir, index)):
+    np.testing.assert_array_equal(leaf, 6)
+
+  resumed = Checkpoints(model_dir, save_every=4, keep=3, retriever_every=2)
+  assert not resumed.snapshot_due(5) and not resumed.snapshot_due(6)
+  assert not resumed.snapshot_due(8)  # A checkpoint's step.
+  assert resumed.snapshot_due(10)
+  for step in (5, 6):
+    assert not resumed.save(_state(step, towers, reader), step,
+                            {'batches': step})
+  resumed.close()

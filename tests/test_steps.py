@@ -319,6 +319,6 @@ def test_lockstep_serves_the_schedule_and_asks_for_what_is_missing(
   client.refresh_for(6)
   assert client.index_step == 4 and waits == [4, 4, 4]
   assert run_directory.requested_index(model_dir) is None  # Withdrawn.
-  with pytest.raises(RuntimeError, match='does not keep it: save a '
-                     'checkpoint at every multiple'):
+  with pytest.raises(RuntimeError, match='keeps no checkpoint or retriever '
+                     'snapshot of it: save one at every multiple'):
     client.refresh_for(8)  # Index 6: no checkpoint 6 to embed.

@@ -13,7 +13,7 @@ a missing commit marker) is refused with the file named, set aside, and the
 previous good index served instead.
 
 With `lockstep_interval` the schedule is fixed instead: at step s the index of
-checkpoint I * (floor(s / I) - 1) is served (the first index until step 2I),
+step I * (floor(s / I) - 1) is served (the first index until step 2I),
 waited for, and asked of the builder (`run_directory.request_index`) when it
 is missing. Each step's retrieval, so each loss, then depends on nothing but
 the run's settings: not on how fast the builder is, nor on kills and resumes.
@@ -40,7 +40,8 @@ class IndexClient:
   `search_dtype`: the exact searcher's rows on the devices, e.g.
   'bfloat16' to halve the index's memory (None: as published, float32).
   `lockstep_interval`: the fixed schedule above (None: the newest index);
-  the trainer must save a checkpoint at each multiple of it.
+  the trainer must save a checkpoint or a retriever snapshot at each
+  multiple of it.
   """
 
   def __init__(self, model_dir: str, corpus_metadata: dict, dim: int,
@@ -117,15 +118,15 @@ class IndexClient:
 
   def _ask_for(self, wanted: int, step: int) -> None:
     """Asks the builder for index `wanted` (again, every minute it is still
-    missing), once sure that its checkpoint is there to be embedded."""
-    if wanted not in run_directory.reload(
-        run_directory.trainer_checkpoints(self.model_dir)):
+    missing), once sure that the run keeps that step's towers to embed."""
+    if wanted not in run_directory.RetrieverSteps(self.model_dir).reload():
       raise RuntimeError(
-          f'Step {step} is to retrieve from the index of checkpoint {wanted} '
+          f'Step {step} is to retrieve from the index of step {wanted} '
           f'(IndexClient.lockstep_interval={self.lockstep_interval}), but '
-          f'{run_directory.checkpoints_dir(self.model_dir)} does not keep '
-          'it: save a checkpoint at every multiple of the interval '
-          '(train.checkpoint_every) and keep 3 (train.keep_checkpoints).')
+          f'{self.model_dir} keeps no checkpoint or retriever snapshot of '
+          'it: save one at every multiple of the interval '
+          '(train.checkpoint_every or train.retriever_every) and keep 3 '
+          '(train.keep_checkpoints).')
     run_directory.request_index(self.model_dir, wanted)
     log.info('step %d waits for index step %d; asked the index builder '
              '(`realm-jax refresh` on %s)', step, wanted, self.model_dir)

@@ -4,7 +4,8 @@ After `data.corpus_changes` adds or removes articles, a run's newest index no
 longer matches the corpus fingerprint, and every reader refuses it.
 `sync_index` replays the changes made since the index's fingerprint: the
 added blocks alone are embedded, with the towers that embedded the rest
-(the checkpoint of the index's `params_step`, or the run it was copied from),
+(the checkpoint or retriever snapshot of the index's `params_step`, or the
+run it was copied from),
 appended to the index's rows and published as the next step. That step keeps
 its `params_step`: it is exactly as stale as the index it came from. Removed
 blocks keep their rows; the searchers skip them.
@@ -28,16 +29,17 @@ log = logging.getLogger(__name__)
 def _document_tower(model_dir: str, metadata: dict) -> dict:
   """The retriever parameters that embedded an index."""
   params_step = metadata['params_step']
-  try:
-    return run_directory.restore_params(model_dir, params_step)[1]['retriever']
-  except FileNotFoundError:
-    source = metadata.get(publication.EMBEDDED_BY)
-    if source is None:
-      raise errors.NotFound(
-          f'{model_dir} no longer keeps checkpoint {params_step}, whose '
-          'towers embedded its index: new blocks cannot be embedded like '
-          'the rest. Embed the whole corpus again (`realm-jax embed`).'
-      ) from None
+  steps = run_directory.RetrieverSteps(model_dir)
+  if params_step in steps.reload():
+    params = steps.restore(params_step)
+    if params is not None:
+      return params
+  source = metadata.get(publication.EMBEDDED_BY)
+  if source is None:
+    raise errors.NotFound(
+        f'{model_dir} no longer keeps step {params_step}, whose towers '
+        'embedded its index: new blocks cannot be embedded like the rest. '
+        'Embed the whole corpus again (`realm-jax embed`).')
   return run_directory.restore_params(source['model_dir'],
                                       source['step'])[1]['retriever']
 

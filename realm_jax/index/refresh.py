@@ -1,18 +1,19 @@
 """The index builder (`realm-jax refresh`): a separate process beside training.
 
-It polls the trainer's checkpoints through a read-only Orbax manager; when
-the newest step is due (see `due_step`) it restores only the retriever's
+It polls the trainer's checkpoints and retriever snapshots (see
+`run_directory.RetrieverSteps`) through read-only Orbax managers; when the
+newest step is due (see `due_step`) it restores only the retriever's
 parameters, re-embeds every block with the document tower, builds the searcher
 and publishes the index under model_dir/index with the trainer step as its
 step. The builder alone sets how fresh the trainer's index is: the trainer
 swaps in each index at its next step (see `client`). It exits when the
-trainer marks training done and the last step is published. A checkpoint the
+trainer marks training done and the last step is published. A step the
 trainer prunes while it is listed or read is skipped (see `run_directory`),
 and a step published meanwhile (the trainer's first index, `corpus sync`'s)
-is left as it is: neither is fatal. A damaged checkpoint (see
+is left as it is: neither is fatal. A damaged step (see
 `errors.DamagedStepError`) is named in the log and never embedded. A
 trainer waiting for one index (`IndexClient.lockstep_interval`) asks for it,
-and the builder embeds that checkpoint first.
+and the builder embeds that step first.
 """
 
 import logging
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def due_step(saved: list[int], last: int | None, interval: int,
              training_done: bool = False) -> int | None:
-  """The checkpoint to embed next: the newest one, once it is `interval`
+  """The step to embed next: the newest one, once it is `interval`
   steps past the last index (any newer one when training is done, so the
   final parameters get their index); None if none is due."""
   if not saved or (last is not None and saved[-1] <= last):
@@ -56,15 +57,15 @@ class IndexBuilder:
     self.embedder = DocumentEmbedder(model_retriever(), batch_size)
     self.index = publication.index_manager(
         run_directory.index_dir(model_dir), max_to_keep=max_to_keep)
-    self.checkpoints = run_directory.trainer_checkpoints(model_dir)
+    self.steps = run_directory.RetrieverSteps(model_dir)
     self.last = self.index.latest_step()
     self.published = 0
-    self.damaged = set()  # (step, directory identity) of refused checkpoints.
+    self.damaged = set()  # (step, directory identity) of refused steps.
 
   def _identity(self, step: int):
-    """A checkpoint step and which directory holds it (its inode, on a local
-    disk): a damaged one set aside and saved again whole is a new one."""
-    where = os.path.join(self.checkpoints.directory, str(step))
+    """A step and which directory holds it (its inode, on a local disk): a
+    damaged one set aside and saved again whole is a new one."""
+    where = self.steps.where(step)
     if '://' in where:
       return step, None
     try:
@@ -80,7 +81,7 @@ class IndexBuilder:
     """'published' a due step, 'waiting' for one, or training is 'done'."""
     # Read before the listing: a step saved after it must still be embedded.
     done = run_directory.training_done(self.model_dir)
-    saved = run_directory.reload(self.checkpoints)
+    saved = self.steps.reload()
     indexes = run_directory.reload(self.index)  # A trainer may have published first.
     if indexes:
       self._advance(indexes[-1])
@@ -94,10 +95,10 @@ class IndexBuilder:
     due = distributed.agree(-1 if step is None else step)
     if due >= 0:
       try:
-        params = run_directory.restore_retriever_params(self.checkpoints, due)
+        params = self.steps.restore(due)
         damaged = False
       except errors.DamagedStepError as error:
-        log.error('Not embedding checkpoint %d: %s', due, error)
+        log.error('Not embedding step %d: %s', due, error)
         params, damaged = None, True
       if not distributed.everyone(not damaged):
         self.damaged.add(self._identity(due))
@@ -128,8 +129,8 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
 
   `block_length` cuts every block as the trainer's `Pretrain.block_length`
   does (the trainer refuses an index embedded with another cut). The cadence:
-  a checkpoint is embedded once it is `refresh_interval_steps` x
-  `stale_factor` steps past the last index (the paper re-embeds about every
+  a checkpoint or retriever snapshot is embedded once it is
+  `refresh_interval_steps` x `stale_factor` steps past the last index (the paper re-embeds about every
   500 steps; a stale_factor of 30 is its stale-MIPS ablation), and the
   newest one always when training is done.
   """
@@ -148,9 +149,8 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
                          max_to_keep, block_length,
                          refresh_interval_steps * stale_factor)
   log.info('index builder: %s blocks, polling %s (last index step %s), '
-           'embedding a checkpoint every %d steps',
-           f'{builder.corpus_metadata["num_blocks"]:,}',
-           run_directory.checkpoints_dir(model_dir), builder.last,
+           'embedding a step every %d steps',
+           f'{builder.corpus_metadata["num_blocks"]:,}', model_dir, builder.last,
            builder.interval)
   while True:
     polled = builder.poll()

@@ -9,6 +9,13 @@ previous checkpoint whole. Old steps are pruned through the trash, so the
 index builder never reads half of one. Readers of a finished or running
 run's parameters use `run_directory.restore_params`.
 
+A checkpoint is mostly what only a resume needs (the reader, the optimizer's
+two moments): the index builder embeds with the towers alone. With
+`retriever_every`, the steps between checkpoints that the builder should
+embed save only those (model_dir/retriever_snapshots), asynchronously as
+well, at a fraction of the bytes, so a refresh cadence of a few steps does
+not hold up training.
+
 A step that fails to restore is told apart: one laid out differently from
 what this code restores (the code or the config changed) stops the run
 (CheckpointMismatch); one with a damaged file or no commit marker
@@ -28,7 +35,8 @@ from etils import epath
 
 from realm_jax import distributed, errors, run_directory
 from realm_jax.errors import CheckpointMismatch, CheckpointSaveFailed
-from realm_jax.run_directory import DATA_POSITION, TRAIN_STATE, params_item
+from realm_jax.run_directory import (DATA_POSITION, RETRIEVER_ITEM,
+                                     TRAIN_STATE, params_item)
 from realm_jax.training.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -44,47 +52,75 @@ _DIFFERENCES_SHOWN = 5
 
 
 class Checkpoints:
-  """Saves every `save_every` steps, keeps the newest `keep`."""
+  """Saves every `save_every` steps, keeps the newest `keep`; with
+  `retriever_every`, a retriever snapshot at each multiple of it that is
+  not a checkpoint step (the newest `keep` kept)."""
 
-  def __init__(self, model_dir: str, save_every: int, keep: int = 3):
+  def __init__(self, model_dir: str, save_every: int, keep: int = 3,
+               retriever_every: int | None = None):
+    if retriever_every is not None and retriever_every < 1:
+      raise errors.BadConfig(f'train.retriever_every={retriever_every} must '
+                             'be at least 1 (or None).')
     self.directory = run_directory.checkpoints_dir(model_dir)
     self.manager = ocp.CheckpointManager(
         run_directory.writable(self.directory),
-        options=run_directory.pruning_options(
-            save_interval_steps=save_every, max_to_keep=keep, create=False,
-            enable_async_checkpointing=True, cleanup_tmp_directories=True,
-            multiprocessing_options=run_directory.every_process()))
-    self._writing = None  # The step being saved in the background.
+        options=_writer_options(save_interval_steps=save_every,
+                                max_to_keep=keep))
+    self.retriever_every = retriever_every
+    self.snapshots = None if retriever_every is None else (
+        ocp.CheckpointManager(
+            run_directory.writable(run_directory.snapshots_dir(model_dir)),
+            options=_writer_options(max_to_keep=keep)))
+    # (manager, step) of the save running in the background.
+    self._writing = None
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def due(self, step: int) -> bool:
-    """Whether `save` will save `step` (without force)."""
+    """Whether `save` will save a checkpoint of `step` (without force)."""
     return self.manager.should_save(step)
+
+  def snapshot_due(self, step: int) -> bool:
+    """Whether `save` will save only the retriever at `step`: a multiple of
+    `retriever_every` that no snapshot holds yet (a run resumed from an
+    older checkpoint passes over those it saved before it was stopped)."""
+    return (self.snapshots is not None and step % self.retriever_every == 0
+            and step > (self.snapshots.latest_step() or -1)
+            and not self.due(step))
 
   def save(self, state: TrainState, step: int, data_position: dict,
            force: bool = False) -> bool:
     """Starts saving `state` (after `step` updates; passed in so that no
-    device sync is needed) if the step is due or `force`; True if so. The
-    previous save is finished first: its failure is raised here."""
-    if not (force or self.due(step)):
+    device sync is needed) if the step is due or `force`, or its retriever
+    if a snapshot is due; True if either. The previous save, of either kind,
+    is finished first (its failure is raised here): two Orbax managers'
+    cross-process barriers must not interleave."""
+    if force or self.due(step):
+      manager = self.manager
+      items = {params_item(k): ocp.args.StandardSave(v)
+               for k, v in state.params.items()}
+      items[TRAIN_STATE] = ocp.args.StandardSave(
+          {'step': state.step, 'opt_state': state.opt_state,
+           'rng': state.rng})
+      items[DATA_POSITION] = ocp.args.JsonSave(data_position)
+    elif self.snapshot_due(step):
+      manager = self.snapshots
+      items = {RETRIEVER_ITEM: ocp.args.StandardSave(
+          state.params['retriever'])}
+      force = True  # Due by `snapshot_due`, not by the manager's interval.
+    else:
       return False
     self._finish_writing()
-    items = {params_item(k): ocp.args.StandardSave(v)
-             for k, v in state.params.items()}
-    items[TRAIN_STATE] = ocp.args.StandardSave(
-        {'step': state.step, 'opt_state': state.opt_state, 'rng': state.rng})
-    items[DATA_POSITION] = ocp.args.JsonSave(data_position)
     try:
-      saving = self.manager.save(step, args=ocp.args.Composite(**items),
-                                 force=force)
+      saving = manager.save(step, args=ocp.args.Composite(**items),
+                            force=force)
     except Exception as error:  # pylint: disable=broad-except
-      self._raise_save_failure(step, error)
+      _raise_save_failure(manager, step, error)
       raise
     if saving:  # Steps pruned by earlier saves (this one's go at the next).
-      self._writing = step
-      run_directory.empty_trash(self.directory)
+      self._writing = manager, step
+      run_directory.empty_trash(manager.directory)
     return saving
 
   def restore(self, step: int, abstract: TrainState):
@@ -145,34 +181,28 @@ class Checkpoints:
 
   def wait(self) -> None:
     self._finish_writing()
-    run_directory.empty_trash(self.directory)
+    for manager in self._managers():
+      run_directory.empty_trash(manager.directory)
 
   def close(self) -> None:
     self._finish_writing()
-    self.manager.close()
-    run_directory.empty_trash(self.directory)
+    for manager in self._managers():
+      manager.close()
+      run_directory.empty_trash(manager.directory)
+
+  def _managers(self) -> list[ocp.CheckpointManager]:
+    return [m for m in (self.manager, self.snapshots) if m is not None]
 
   def _finish_writing(self) -> None:
+    if self._writing is None:
+      return
+    manager, step = self._writing
     try:
-      self.manager.wait_until_finished()
+      manager.wait_until_finished()
     except Exception as error:  # pylint: disable=broad-except
-      self._raise_save_failure(self._writing, error)
+      _raise_save_failure(manager, step, error)
       raise
     self._writing = None
-
-  def _raise_save_failure(self, step, error: Exception) -> None:
-    """Raises CheckpointSaveFailed when `error` came from the OS (a full
-    disk, ...): Orbax left the step's temporary directory, which no listing
-    shows and the next start deletes; the steps before are whole."""
-    code = _os_error_code(error)
-    if code is None:
-      return
-    kept = run_directory.reload(self.manager)
-    last = (f'the last good checkpoint is step {kept[-1]}.' if kept else
-            'there is no good checkpoint yet.')
-    raise CheckpointSaveFailed(
-        f'Saving checkpoint step {step} to {self.directory} failed: '
-        f'{os.strerror(code)}; {last}', code) from error
 
   def _explain_restore_failure(self, where: epath.Path, trees: dict,
                                error: Exception) -> None:
@@ -227,6 +257,33 @@ class Checkpoints:
                   'one.', resumed, self.directory)
     distributed.everyone(True)  # Every process lists after the moves.
     run_directory.reload(self.manager)
+
+
+def _writer_options(**options) -> ocp.CheckpointManagerOptions:
+  """A trainer's manager: saves in the background, leaves no temporary
+  directory of a killed save behind, prunes through the trash."""
+  return run_directory.pruning_options(
+      create=False, enable_async_checkpointing=True,
+      cleanup_tmp_directories=True,
+      multiprocessing_options=run_directory.every_process(), **options)
+
+
+def _raise_save_failure(manager: ocp.CheckpointManager, step,
+                        error: Exception) -> None:
+  """Raises CheckpointSaveFailed when `error` came from the OS (a full
+  disk, ...): Orbax left the step's temporary directory, which no listing
+  shows and the next start deletes; the steps before are whole."""
+  code = _os_error_code(error)
+  if code is None:
+    return
+  what = ('retriever snapshot' if os.path.basename(manager.directory)
+          == run_directory.SNAPSHOTS else 'checkpoint')
+  kept = run_directory.reload(manager)
+  last = (f'the last good {what} is step {kept[-1]}.' if kept else
+          f'there is no good {what} yet.')
+  raise CheckpointSaveFailed(
+      f'Saving {what} step {step} to {manager.directory} failed: '
+      f'{os.strerror(code)}; {last}', code) from error
 
 
 def _chain(error: BaseException):

@@ -264,8 +264,8 @@ def held_out_metrics(run: RunKind, preparer: BatchPreparer, evaluate, mesh,
 def train(model_dir: str, run: RunKind = gin.REQUIRED,
           num_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED,
           seed: int = 0, checkpoint_every: int = 1000,
-          keep_checkpoints: int = 3, log_every: int = 10,
-          eval_every: int | None = None, eval_batches: int = 10,
+          keep_checkpoints: int = 3, retriever_every: int | None = None,
+          log_every: int = 10, eval_every: int | None = None, eval_batches: int = 10,
           eval_batch_size: int | None = None,
           data_shards: int | None = None, prefetch: bool = True,
           memory_fraction: float | None = 0.9) -> TrainState:
@@ -278,7 +278,13 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
     batch_size: the global batch (each process feeds its share).
     seed: parameters, dropout and data order.
     checkpoint_every: steps between (asynchronous) checkpoints.
-    keep_checkpoints: the newest ones kept.
+    keep_checkpoints: the newest ones kept (and as many retriever
+      snapshots).
+    retriever_every: steps between saves of the towers alone
+      (model_dir/retriever_snapshots), which the index builder embeds as it
+      does checkpoints: a refresh cadence shorter than the checkpoints' at a
+      fraction of their bytes (no reader, no optimizer state). None: the
+      builder embeds checkpoints alone.
     log_every: steps between metric writes.
     eval_every: steps between held-out evaluations (also at step 0); None
       for none.
@@ -304,7 +310,8 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
     mesh = partitioning.make_mesh()
     trainer = Trainer(run.objective, mesh, num_steps, seed)
     preparer = run.batch_preparer(model_dir, mesh)
-    checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints)
+    checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints,
+                              retriever_every)
     data_shards = data_shards or jax.process_count()
     position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
                 **input_pipeline.Examples().position(run.task, data_shards)}
