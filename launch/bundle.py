@@ -7,10 +7,12 @@ run the core on the demo's data, in one directory of at most 64 MiB.
 The parts: wheels/ (what the GPU image lacks: gin-config), corpora/ (each
 corpus's metadata.json and block store, not its TFRecord shards), arrays/
 (the runs' examples, pre-tokenized by `input_pipeline.export`, as `realm-jax
-data export` writes them), minilm/ (MiniLM's weights, config and the task
-vocabulary) and manifest.json (each part, its size and files with their
-sha256, the fingerprints, the git commit, and the environment and gin
-bindings that use it). docs/accelerators.md says how to run with it.
+data export` writes them: for pre-training, the corpus's sentences and
+salient spans, which its queries are drawn from), minilm/ (MiniLM's
+weights, config and the task vocabulary) and manifest.json (each part, its
+size and files with their sha256, the fingerprints, the git commit, and the
+environment and gin bindings that use it). docs/accelerators.md says how to
+run with it.
 
 The build is staged beside the output and renamed when whole and checked; a
 bundle over the limit is refused, naming each part's size, and never written.
@@ -50,7 +52,8 @@ MINILM_FILES = ('model.safetensors', 'config.json')
 PARTS = {
     'wheels': 'wheels the GPU image lacks: pip install --no-deps --target',
     'corpora': "each corpus's metadata.json and block store (no shards)",
-    'arrays': "the runs' examples, pre-tokenized (Examples.source='arrays')",
+    'arrays': "the runs' examples, pre-tokenized, and the salient spans "
+              "pre-training draws from (Examples.source='arrays')",
     'minilm': 'MiniLM weights and config, and the task vocabulary',
 }
 
@@ -129,7 +132,8 @@ def _export(target: pathlib.Path, runs, bindings, leave_out=()
             ) -> tuple[list[dict], set]:
   """Each run's example splits as `realm-jax data export` writes them, but
   those named in `leave_out` ('task/split'); the runs as the manifest lists
-  them, and the corpora they read."""
+  them (with the directories under arrays/ each reads), and the corpora
+  they read."""
   import gin  # pylint: disable=g-import-not-at-top
   from realm_jax.training import input_pipeline, run_loader  # pylint: disable=g-import-not-at-top
   listed, corpora, shapes = [], set(), {}
@@ -146,7 +150,10 @@ def _export(target: pathlib.Path, runs, bindings, leave_out=()
         where = f'{split.task}/{split.split}'
         if where in leave_out:
           continue
-        if where in shapes and shapes[where] != split.shapes:
+        stored = os.fspath(input_pipeline.arrays_directory(
+            split.task, split.split, os.fspath(target)).relative_to(target))
+        # Queries drawn from spans (stored elsewhere) take each run's shapes.
+        if stored == where and shapes.get(where, split.shapes) != split.shapes:
           raise errors.BadConfig(
               f'Two runs export {where} at other shapes: {shapes[where]} and '
               f'{split.shapes} ({files[0]}).')
@@ -156,8 +163,10 @@ def _export(target: pathlib.Path, runs, bindings, leave_out=()
               os.fspath(target), split.corpus_name, split.strings,
               split.metadata)
           shapes[where] = split.shapes
-          print(f'{where}: {written["count"]:,} examples')
-        splits.append(where)
+          print(f'{where}: {written["count"]:,} examples' + (
+              '' if stored == where else f', drawn from {stored}'))
+        if stored not in splits:
+          splits.append(stored)
       listed.append({'kind': configured.kind, 'gin_files': files,
                      'gin_bindings': own, 'arrays': splits})
   finally:

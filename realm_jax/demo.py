@@ -104,10 +104,12 @@ PRESETS = {
     # bundle-gpu`; gin/setups/gpu_demo.gin): MiniLM-L6 at full depth for
     # every BERT, blocks of 128 wordpieces, 8 candidates, the 30x stale
     # index; each run sees 100x the demo's queries (ICT 128,000, the reader
-    # 320,000, pre-training 80,000). Batch 128 of pre-training ran out of an
-    # H100's 80 GB. About 24 minutes on one H100 by the per-stage times of
-    # its first run (docs/results/gpu.md), so a machine lent in 10-minute
-    # commands runs it in three (a re-run skips the finished stages).
+    # 320,000, pre-training 80,000, drawn from every salient span of the
+    # training blocks, none twice before each once: `data.masked_queries`).
+    # Batch 128 of pre-training ran out of an H100's 80 GB. About 24
+    # minutes on one H100 by the per-stage times of its first run
+    # (docs/results/gpu.md), so a machine lent in 10-minute commands runs it
+    # in three (a re-run skips the finished stages).
     'gpu': Preset(ict_steps=500, reader_steps=1250, pretrain_steps=1250,
                   refresh_interval=20, stale=True,
                   setup='gin/setups/gpu_demo.gin', ict_batch=256,
@@ -135,7 +137,9 @@ def _matmul_seconds(size: int, dtype) -> float:
 def example_runs(preset: Preset) -> list[tuple[str, ...]]:
   """Each run whose examples `preset` reads: its gin files, then its own
   bindings (what `launch.bundle --preset` carries). NQ's questions come with
-  the fine-tuning run's: recall reads its test split."""
+  the fine-tuning run's: recall reads its test split. The pre-training runs
+  (every masking, and the held-out queries) share the corpus's span arrays,
+  their queries drawn as each batch is made."""
   run = lambda name, *bindings: (f'gin/runs/{name}.gin', preset.setup,
                                  *bindings)
   runs = [run('ict'), run('pretrain'),

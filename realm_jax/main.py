@@ -132,7 +132,9 @@ def _parser() -> argparse.ArgumentParser:
       'export', help="A run's examples (and its corpus's block store) "
       'written as pre-tokenized arrays, which the TF-free core reads '
       "(Examples.source = 'arrays'): the same examples as its seqio tasks, "
-      'at the shapes its gin files set.',
+      'at the shapes its gin files set; for pre-training, the corpus\'s '
+      'sentences and salient spans, its queries drawn from them as each '
+      'batch is made.',
       epilog='e.g. realm-jax data export --gin_file=gin/runs/pretrain.gin '
       '--gin_file=gin/setups/demo.gin')
   export.add_argument('--gin_file', action='append', required=True,

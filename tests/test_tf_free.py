@@ -2,11 +2,13 @@
 
 Every process below starts with TensorFlow, tensorflow-text, seqio, ScaNN,
 spaCy and clu unimportable (a sitecustomize.py that marks them absent):
-an ICT run, REALM pre-training from it with the index builder as a process
-of its own swapping indexes in, then `eval`, `search` and `fill` on the
-result; Open-QA fine-tuning, then `eval` (the same metrics as the seqio
-path's) and `ask`. The examples come from arrays exported here, where
-TensorFlow is.
+an ICT run, the reader's warm start (random-uniform masking, the null
+document alone), REALM pre-training from it with the index builder as a
+process of its own swapping indexes in, then `eval`, `search` and `fill`
+on the result; Open-QA fine-tuning, then `eval` (the same metrics as the
+seqio path's) and `ask`. The examples come from arrays exported here,
+where TensorFlow is; the pre-training queries are drawn from the corpus's
+span arrays as each batch is made.
 """
 
 import json
@@ -17,8 +19,8 @@ import sys
 import gin
 import pytest
 
-from realm_jax import extras, main
-from realm_jax.data import example_arrays, task_names
+from realm_jax import extras, main, run_directory
+from realm_jax.data import example_arrays, span_arrays
 from tests import test_layering
 from tests.helpers import REPO, RETRIEVAL, TINY
 
@@ -64,6 +66,12 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
   for run in (ICT, PRETRAIN):
     gin.clear_config()
     assert main.main(['data', 'export', *run]) == 0
+  # Spans and bounds for every masking, not masked copies.
+  assert sorted(os.listdir(tmp_path / 'arrays')) == [
+      'ict_wiki_leads', 'salient_spans_wiki_leads']
+  spans = {split: json.loads((span_arrays.directory('wiki_leads', split) /
+                              example_arrays.METADATA).read_text())
+           for split in ('train', 'validation')}
   env = _without_tf(tmp_path)
   probe = subprocess.run(
       [sys.executable, '-c', 'import seqio'], env=env, capture_output=True,
@@ -75,9 +83,16 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
        *ARRAYS, '--gin.train.num_steps=2')
   assert [r['step'] for r in _rows(ict)][-1] == 2
 
+  reader = str(tmp_path / 'reader')
+  _run(env, '-m', 'realm_jax.main', 'train', f'--model_dir={reader}',
+       *PRETRAIN, *ARRAYS, "--gin.Pretrain.masking='random_uniform'",
+       '--gin.Pretrain.num_candidates=1', '--gin.train.num_steps=2')
+  assert [r['step'] for r in _rows(reader)][-1] == 2
+
   pretrain = str(tmp_path / 'pretrain')
   _run(env, '-m', 'launch.local', f'--model_dir={pretrain}', *PRETRAIN,
        *ARRAYS, f'--gin.Pretrain.ict_model_dir="{ict}"',
+       f'--gin.Pretrain.reader_model_dir="{reader}"',
        '--gin.train.num_steps=6', '--gin.train.checkpoint_every=2',
        '--gin.train.log_every=1', '--gin.IndexClient.lockstep_interval=2',
        '--gin.run_refresh.refresh_interval_steps=2', '--poll_seconds=0.2')
@@ -88,14 +103,19 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
   assert [r['index_staleness'] for r in rows] == [0, 1, 2, 3, 2, 3]
   assert '6' in os.listdir(os.path.join(pretrain, 'index'))
   assert os.listdir(os.path.join(pretrain, 'tensorboard', 'train'))
+  for model_dir in (reader, pretrain):  # The data position names the spans.
+    with open(os.path.join(run_directory.checkpoints_dir(model_dir), '2',
+                           'data_position', 'metadata')) as f:
+      position = json.load(f)
+    assert position['spans_fingerprint'] == spans['train']['fingerprint']
+    assert position['batches'] == 2
 
   out = _run(env, '-m', 'realm_jax.main', 'eval', f'--model_dir={pretrain}',
              '--task=masked_lm', '--batch_size=8')
   with open(os.path.join(pretrain, 'eval', 'masked_lm_metrics.json')) as f:
     scored = json.load(f)
-  held_out = example_arrays.ExampleArrays(example_arrays.directory(
-      task_names.held_out('wiki_leads'), 'validation'))
-  assert scored['queries'] == held_out.count > 0, out
+  # Every held-out span once.
+  assert scored['queries'] == spans['validation']['spans'] > 0, out
   assert 0 <= scored['masked_token_accuracy'] <= 1
 
   out = _run(env, '-m', 'realm_jax.main', 'search', 'the capital city',

@@ -88,19 +88,28 @@ def write(output: epath.Path, examples: Iterable[dict],
   metadata = {**metadata, 'count': count,
               'shapes': {name: list(shape) for name, shape in shapes.items()},
               'strings': list(strings), 'fingerprint': fingerprint(arrays)}
+  save(output, arrays, metadata,
+       {STRINGS: ''.join(t + '\n' for t in texts)} if strings else {})
+  return metadata
+
+
+def save(output: epath.Path, arrays: dict[str, np.ndarray], metadata: dict,
+         texts: dict[str, str] | None = None) -> None:
+  """`arrays` as .npy files, `texts` (file name -> text) and `metadata` into
+  `output`: staged, then renamed, so that a killed writer leaves none half
+  written."""
   staged = output.parent / f'{output.name}.incomplete-{os.getpid()}'
   if staged.exists():
     staged.rmtree()
   staged.mkdir(parents=True)
   for name, values in arrays.items():
     np.save(os.fspath(staged / f'{name}.npy'), values)
-  if strings:
-    (staged / STRINGS).write_text(''.join(t + '\n' for t in texts))
+  for name, text in (texts or {}).items():
+    (staged / name).write_text(text)
   (staged / METADATA).write_text(json.dumps(metadata, indent=2))
   if output.exists():
     output.rmtree()
   staged.rename(output)
-  return metadata
 
 
 def compact(values: np.ndarray) -> np.ndarray:
@@ -170,12 +179,7 @@ class ExampleArrays:
           + ', '.join(f'{n} {a} (arrays) vs {b} (run)'
                       for n, (a, b) in different.items()) + '.',
           'Export them again with the gin files and bindings of this run.')
-    for field, value in expected.items():
-      if self.metadata.get(field) != value:
-        raise errors.IndexMismatchError(
-            f'{self.path} was made with {field} '
-            f'{self.metadata.get(field)}, but this run reads {value}.',
-            'Export the examples again from this corpus and vocabulary.')
+    check_sources(self.path, self.metadata, expected)
 
   def rows(self, indices: np.ndarray, shapes: dict) -> dict[str, np.ndarray]:
     # Sorted reads from the memory map, then the batch's own order.
@@ -189,6 +193,17 @@ class ExampleArrays:
     """Every example's string features, in example order."""
     path = self.path / STRINGS
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def check_sources(path, metadata: dict, expected: dict) -> None:
+  """Refuses arrays whose metadata differs from `expected` (field -> value:
+  the vocabulary's and the corpus's fingerprints), naming both."""
+  for field, value in expected.items():
+    if metadata.get(field) != value:
+      raise errors.IndexMismatchError(
+          f'{path} was made with {field} {metadata.get(field)}, but this run '
+          f'reads {value}.',
+          'Export the examples again from this corpus and vocabulary.')
 
 
 def order(count: int, seed: int, shuffle: bool, start: int, stop: int
@@ -211,12 +226,14 @@ def _permutation(count: int, seed: int, epoch: int) -> np.ndarray:
   return np.random.default_rng([seed, epoch]).permutation(count)
 
 
-def batches(examples: ExampleArrays, shapes: dict, batch_size: int,
-            seed: int = 0, shuffle: bool = True,
-            num_epochs: int | None = None, skip_batches: int = 0,
-            process_index: int = 0, process_count: int = 1,
-            drop_remainder: bool = True) -> Iterator[dict[str, np.ndarray]]:
-  """This process's rows of each global batch, from batch `skip_batches` on."""
+def stream(count: int, batch_size: int, seed: int = 0, shuffle: bool = True,
+           num_epochs: int | None = None, skip_batches: int = 0,
+           process_index: int = 0, process_count: int = 1,
+           drop_remainder: bool = True
+           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """This process's rows of each global batch of a stream over `count`
+  examples, from batch `skip_batches` on: their positions in the stream and
+  the examples there."""
   if batch_size % process_count:
     raise errors.BadConfig(f'batch_size={batch_size} must divide over the '
                            f'{process_count} processes.')
@@ -224,7 +241,7 @@ def batches(examples: ExampleArrays, shapes: dict, batch_size: int,
     raise errors.BadConfig('drop_remainder=False needs a single process: '
                            'short last batches of several processes do not '
                            'line up.')
-  end = None if num_epochs is None else num_epochs * examples.count
+  end = None if num_epochs is None else num_epochs * count
   rows = batch_size // process_count
   batch = skip_batches
   while True:
@@ -234,8 +251,22 @@ def batches(examples: ExampleArrays, shapes: dict, batch_size: int,
       if drop_remainder or start >= end:
         return
       stop = end
-    indices = order(examples.count, seed, shuffle, start, stop)
+    positions = np.arange(start, stop, dtype=np.int64)
+    indices = order(count, seed, shuffle, start, stop)
     if process_count > 1:
-      indices = indices[process_index * rows:(process_index + 1) * rows]
-    yield examples.rows(indices, shapes)
+      mine = slice(process_index * rows, (process_index + 1) * rows)
+      positions, indices = positions[mine], indices[mine]
+    yield positions, indices
     batch += 1
+
+
+def batches(examples: ExampleArrays, shapes: dict, batch_size: int,
+            seed: int = 0, shuffle: bool = True,
+            num_epochs: int | None = None, skip_batches: int = 0,
+            process_index: int = 0, process_count: int = 1,
+            drop_remainder: bool = True) -> Iterator[dict[str, np.ndarray]]:
+  """This process's rows of each global batch, from batch `skip_batches` on."""
+  for _, indices in stream(examples.count, batch_size, seed, shuffle,
+                           num_epochs, skip_batches, process_index,
+                           process_count, drop_remainder):
+    yield examples.rows(indices, shapes)

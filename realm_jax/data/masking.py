@@ -10,17 +10,16 @@ masked, all replaced by [MASK]).
 
 Every function maps one example (see `salient_spans.ANNOTATED_FEATURES`) and a
 stateless seed to {query_token_ids, mlm_positions, mlm_targets, block_id}; the
-block id is the trivial candidate to exclude from retrieval.
+block id is the trivial candidate to exclude from retrieval. The TF-free
+core draws the same queries in numpy (`masked_queries`, whose constants these
+are).
 """
 
 import tensorflow as tf
 
+from realm_jax.data.masked_queries import (MASK_RATE, MAX_RANDOM_SPAN,
+                                           RANDOM_SPAN_DRAWS, SPAN_GEOMETRIC_P)
 from realm_jax.data.tokenization import WordPieceTokenizer
-
-MASK_RATE = 0.15
-SPAN_GEOMETRIC_P = 0.2
-MAX_RANDOM_SPAN = 10
-_RANDOM_SPAN_DRAWS = 16
 
 
 def _substr(body, start, end):
@@ -126,16 +125,16 @@ def random_span_mask(features, seed, tokenizer: WordPieceTokenizer,
   budget = tf.maximum(1, tf.cast(tf.round(MASK_RATE * tf.cast(length,
                                                               tf.float32)),
                                  tf.int32))
-  uniform = tf.random.stateless_uniform([_RANDOM_SPAN_DRAWS], seeds[1],
+  uniform = tf.random.stateless_uniform([RANDOM_SPAN_DRAWS], seeds[1],
                                         minval=1e-6, maxval=1.0)
   span_lengths = tf.clip_by_value(
       1 + tf.cast(tf.math.log(uniform) / tf.math.log(1 - SPAN_GEOMETRIC_P),
                   tf.int32), 1, MAX_RANDOM_SPAN)
-  starts = tf.random.stateless_uniform([_RANDOM_SPAN_DRAWS], seeds[2],
+  starts = tf.random.stateless_uniform([RANDOM_SPAN_DRAWS], seeds[2],
                                        maxval=length, dtype=tf.int32)
   position = tf.range(length)
   covered = tf.zeros([length], tf.bool)
-  for draw in range(_RANDOM_SPAN_DRAWS):  # Spans are added while they fit.
+  for draw in range(RANDOM_SPAN_DRAWS):  # Spans are added while they fit.
     grown = covered | ((position >= starts[draw]) &
                        (position < starts[draw] + span_lengths[draw]))
     fits = tf.reduce_sum(tf.cast(grown, tf.int32)) <= budget

@@ -9,7 +9,11 @@ two sources (`Examples.source`):
   not on how many processes read them.
 - 'arrays' (the TF-free core): the same examples, pre-tokenized by `export`
   into memory-mapped arrays (`data.example_arrays`), permuted by the seed
-  epoch by epoch; the global batch depends on the seed alone.
+  epoch by epoch; the global batch depends on the seed alone. Pre-training
+  queries are not exported masked: `export` writes the corpus's sentences
+  and salient spans (`data.span_arrays`), and each query is drawn when its
+  batch is made, from the seed and its position in the stream
+  (`data.masked_queries`).
 
 Either way a run resumed after b batches reads from batch b on, so resumes
 are exact.
@@ -20,9 +24,12 @@ from typing import Iterator
 import gin
 import jax
 import numpy as np
+from etils import epath
 
 from realm_jax import embedded, errors, extras
-from realm_jax.data import corpus, example_arrays
+from realm_jax.data import (block_store, corpus, example_arrays,
+                            masked_queries, span_arrays, task_names)
+from realm_jax.data.tokenization import WordPieceTokenizer
 
 SOURCES = ('seqio', 'arrays')
 
@@ -48,13 +55,39 @@ class Examples:
     """What, besides the task, seed and batch size, decides which examples a
     training run reads in which order: seqio's shards; else the source and
     the arrays' own fingerprint (arrays exported again may hold other
-    examples), whatever the number of processes."""
+    examples; spans written again, other queries), whatever the number of
+    processes."""
     if self.source == 'seqio':
       return {'data_shards': data_shards}
+    draws = self.draws(task, 'train')
+    if draws is not None:
+      return {'source': self.source,
+              'spans_fingerprint': draws.spans.metadata['fingerprint']}
     metadata = example_arrays.ExampleArrays(example_arrays.directory(
         task, 'train', self.arrays_dir)).metadata
     return {'source': self.source,
             'arrays_fingerprint': metadata['fingerprint']}
+
+  def draws(self, task: str, split: str) -> masked_queries.Draws | None:
+    """A pre-training task's queries, drawn from its corpus's span arrays
+    where those are (checked against the vocabulary and the corpus); None
+    for examples exported under the task's own name (every other task, and
+    the controlled world's queries, `data.world`)."""
+    parsed = task_names.masked_lm(task)
+    if parsed is None:
+      return None
+    corpus_name, masking = parsed
+    path = span_arrays.directory(corpus_name, split, self.arrays_dir)
+    if not (path / example_arrays.METADATA).is_file():
+      return None
+    corpus_dir = corpus.corpus_dir(corpus_name)
+    spans = span_arrays.SpanArrays(path, block_store.open_store(corpus_dir))
+    spans.check(
+        vocab_fingerprint=corpus.vocab_hash(embedded.task_vocab()),
+        corpus_fingerprint=corpus.load_metadata(corpus_dir)[
+            'corpus_fingerprint'])
+    return masked_queries.Draws(spans, masking,
+                                WordPieceTokenizer(embedded.task_vocab()))
 
   def open_arrays(self, task: str, split: str, shapes: dict
                   ) -> example_arrays.ExampleArrays:
@@ -83,7 +116,8 @@ def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
     shapes: feature -> fixed per-example shape; other features are dropped.
     batch_size: the global batch; divided over the shards (processes).
     seed: shuffle and preprocessing seed (masking, ICT's sentence choice;
-      arrays hold the preprocessing of the seed they were exported with).
+      arrays hold the preprocessing of the seed they were exported with,
+      pre-training queries drawn from span arrays are masked with this one).
     shuffle: False for evaluation.
     num_epochs: None repeats forever.
     skip_batches: global batches already consumed (resume).
@@ -94,6 +128,11 @@ def batches(task: str, split: str, shapes: dict[str, tuple[int, ...]],
   """
   examples = Examples()
   if examples.source == 'arrays':
+    draws = examples.draws(task, split)
+    if draws is not None:
+      return masked_queries.batches(
+          draws, shapes, batch_size, seed, shuffle, num_epochs, skip_batches,
+          jax.process_index(), jax.process_count(), drop_remainder)
     return example_arrays.batches(
         examples.open_arrays(task, split, shapes), shapes, batch_size, seed,
         shuffle, num_epochs, skip_batches, jax.process_index(),
@@ -107,6 +146,9 @@ def example_count(task: str, split: str, shapes: dict) -> int | None:
   (exported arrays); None for a seqio task."""
   examples = Examples()
   if examples.source == 'arrays':
+    draws = examples.draws(task, split)
+    if draws is not None:
+      return draws.count
     return examples.open_arrays(task, split, shapes).count
   return None
 
@@ -202,7 +244,21 @@ def export(task: str, split: str, shapes: dict[str, tuple[int, ...]],
   the examples come from (its fingerprint is recorded and checked);
   `strings`: text features kept beside them (an Open-QA question and its
   answers); `metadata`: more to record (how the answers match). Returns
-  the arrays' metadata."""
+  the arrays' metadata, `count` the examples of an epoch.
+
+  A pre-training task's split is its corpus's span arrays instead (written
+  once for every masking; `arrays_directory`), which its queries are drawn
+  from."""
+  parsed = task_names.masked_lm(task)
+  if parsed is not None:
+    corpus_name, masking = parsed
+    tokenizer = WordPieceTokenizer(embedded.task_vocab())
+    span_arrays.write(corpus_name, split, tokenizer, root)
+    spans = span_arrays.SpanArrays(
+        span_arrays.directory(corpus_name, split, root),
+        block_store.open_store(corpus.corpus_dir(corpus_name)))
+    return {**spans.metadata,
+            'count': masked_queries.Draws(spans, masking, tokenizer).count}
   dataset = _task_dataset(task, split, shapes, seed, False, 1, keep=strings)
   metadata = {**(metadata or {}), 'task': task, 'split': split, 'seed': seed,
               'vocab_fingerprint': corpus.vocab_hash(embedded.task_vocab())}
@@ -213,3 +269,13 @@ def export(task: str, split: str, shapes: dict[str, tuple[int, ...]],
   return example_arrays.write(
       example_arrays.directory(task, split, root), dataset.as_numpy_iterator(),
       shapes, strings, **metadata)
+
+
+def arrays_directory(task: str, split: str, root: str | None = None
+                     ) -> epath.Path:
+  """Where `export` writes a task's split: for a pre-training task, its
+  corpus's span arrays."""
+  parsed = task_names.masked_lm(task)
+  if parsed is not None:
+    return span_arrays.directory(parsed[0], split, root)
+  return example_arrays.directory(task, split, root)
