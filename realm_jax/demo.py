@@ -43,7 +43,7 @@ import time
 from etils import epath
 
 from launch import local
-from realm_jax import embedded, errors, run_directory
+from realm_jax import embedded, errors, run_directory, stage_plan
 from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
@@ -62,6 +62,9 @@ PAPER_TABLE2 = {'realm': (38.2, 38.5), 'orqa': (31.3, None),
                 'stale': (28.7, 15.1), 'random_span': (35.3, 26.1),
                 'ict': (None, 13.9)}  # (NQ dev EM, recall@5)
 STALE_FACTOR = 30
+# Where a source tree keeps the presets' recorded runs.
+DOCS_RESULTS = epath.Path(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))) / 'docs' / 'results'
 # The reader's warm start masks random tokens, as BERT's masked LM does.
 READER_MASKING = 'random_uniform'
 
@@ -87,6 +90,8 @@ class Preset:
   # Corpus and examples prepared where TensorFlow is (`make bundle-gpu`):
   # nothing is built, and the run needs no TensorFlow.
   prepared: bool = False
+  # Minutes for every stage (None: no limit), shared by `stage_plan.Plan`.
+  budget_minutes: float | None = None
 
 
 PRESETS = {
@@ -113,7 +118,10 @@ PRESETS = {
     'gpu': Preset(ict_steps=500, reader_steps=1250, pretrain_steps=1250,
                   refresh_interval=20, stale=True,
                   setup='gin/setups/gpu_demo.gin', ict_batch=256,
-                  reader_batch=256, pretrain_batch=64, prepared=True),
+                  reader_batch=256, pretrain_batch=64, prepared=True,
+                  # launch/gpu_demo.sh's 9 minutes, less its install and
+                  # the bundle's check.
+                  budget_minutes=8),
 }
 
 
@@ -232,13 +240,26 @@ def prepared_corpus() -> dict:
           'corpus_fingerprint': metadata['corpus_fingerprint']}
 
 
-def train_ict(model_dir: str, preset: Preset) -> None:
+def train_ict(model_dir: str, preset: Preset, *bindings: str) -> dict:
   num_steps = preset.ict_steps
   _train(model_dir, 'ict', preset.setup, f'--gin.train.num_steps={num_steps}',
          f'--gin.train.checkpoint_every={num_steps}',
          f'--gin.train.batch_size={preset.ict_batch}',
          f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
-         '--gin.bert_adamw.learning_rate=1e-4')
+         '--gin.bert_adamw.learning_rate=1e-4',
+         *(f'--gin.{b}' for b in bindings))
+  return _reached(model_dir)
+
+
+def _reached(model_dir: str) -> dict:
+  """The step a training stage ended at (below its steps when its share
+  of the budget ran out) and its median step time (what the next run's
+  plan expects, `stage_plan`)."""
+  kept = run_directory.reload(run_directory.trainer_checkpoints(model_dir))
+  _, seconds = curves.read_metrics(os.path.join(
+      model_dir, 'train_metrics.jsonl')).get('step_seconds', ([], []))
+  return {'steps_reached': kept[-1] if kept else 0,
+          'step_seconds': statistics.median(seconds) if seconds else None}
 
 
 def recall(model_dir: str, output_dir: str, setup: str) -> dict:
@@ -247,7 +268,7 @@ def recall(model_dir: str, output_dir: str, setup: str) -> dict:
                                 batch_size=64)
 
 
-def train_reader(model_dir: str, preset: Preset) -> None:
+def train_reader(model_dir: str, preset: Preset, *bindings: str) -> dict:
   """BERT's masked LM on the corpus, the null document alone: the reader's
   (and the MLM head's) warm start, shared by REALM and its baseline."""
   num_steps = preset.reader_steps
@@ -260,7 +281,9 @@ def train_reader(model_dir: str, preset: Preset) -> None:
          # [CLS] x [SEP] and the null document's [SEP].
          '--gin.build_realm.reader_length=50', '--gin.train.eval_every=0',
          f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
-         '--gin.bert_adamw.learning_rate=5e-4')
+         '--gin.bert_adamw.learning_rate=5e-4',
+         *(f'--gin.{b}' for b in bindings))
+  return _reached(model_dir)
 
 
 def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
@@ -299,7 +322,7 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
               refresh_timeout=600)
   else:
     _train(model_dir, 'pretrain', preset.setup, *flags)
-  return _freshness(model_dir, with_refresh)
+  return {**_freshness(model_dir, with_refresh), **_reached(model_dir)}
 
 
 def _freshness(model_dir: str, with_refresh: bool = True) -> dict:
@@ -475,29 +498,46 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
   has_qa = _prepared_nq() if sizes.prepared else _qa_data() is not None
   results = {'preset': preset, 'sizes': dataclasses.asdict(sizes)}
   timings = {}
-
-  def stage(name, fn, *args, **kwargs):
-    record = stages.run(name, lambda: fn(*args, **kwargs))
-    timings[name] = record['seconds']
-    return record
-
-  # The corpus's annotation forks: before JAX runs.
-  stage('corpus', prepared_corpus if sizes.prepared else build_corpus)
-  results['machine'] = stages.run('machine', machine)
-  stage('ict', train_ict, d('ict'), sizes)
-  if has_qa:
-    results['recall_ict'] = stage('recall_ict', recall, d('ict'),
-                                  d('eval/ict'), sizes.setup)
-  stage('reader', train_reader, d('reader'), sizes)
   runs = {'realm': (), 'baseline': ('Pretrain.num_candidates=1',)}
   if sizes.ablations or sizes.stale:
     runs['stale'] = (f'run_refresh.stale_factor={STALE_FACTOR}',)
   if sizes.ablations:
     runs['random_span'] = ("Pretrain.masking='random_span'",)
+  recalled = [name for name in runs if name != 'baseline'] if has_qa else []
+  plan = stage_plan.Plan(
+      ['corpus', 'ict', *(['recall_ict'] if has_qa else []), 'reader',
+       *(f'pretrain_{n}' for n in runs), 'throughput',
+       *(f'masked_lm_{n}' for n in runs), *(f'recall_{n}' for n in recalled)],
+      results['sizes'], stage_plan.recorded(preset, DOCS_RESULTS),
+      sizes.budget_minutes and 60 * sizes.budget_minutes)
+  print(f'realm-jax demo --preset={preset}: the plan\n'
+        + '\n'.join(plan.lines()), flush=True)
+
+  def stage(name, fn, *args, **kwargs):
+    record = stages.run(name, lambda: fn(*args, **kwargs))
+    timings[name] = record['seconds']
+    plan.finish(name)
+    return record
+
+  def limited(name) -> tuple[str, ...]:
+    """The training stage's share of what is left of the budget."""
+    limit = None if stages.done(name) else plan.time_limit(name)
+    return () if limit is None else (f'train.time_limit_s={limit:.0f}',)
+
+  # The corpus's annotation forks: before JAX runs.
+  stage('corpus', prepared_corpus if sizes.prepared else build_corpus)
+  results['machine'] = stages.run('machine', machine)
+  results['ict'] = stage('ict', train_ict, d('ict'), sizes, *limited('ict'))
+  if has_qa:
+    results['recall_ict'] = stage('recall_ict', recall, d('ict'),
+                                  d('eval/ict'), sizes.setup)
+  results['reader'] = stage('reader', train_reader, d('reader'), sizes,
+                            *limited('reader'))
   for name, bindings in runs.items():
     results[f'pretrain_{name}'] = stage(
         f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
-        *bindings, with_refresh=name != 'baseline')
+        *bindings, *limited(f'pretrain_{name}'),
+        with_refresh=name != 'baseline')
   results['throughput'] = stage('throughput', throughput, d('realm'),
                                 results['machine'])
   results['masked_lm'] = {
@@ -506,7 +546,6 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
   pairs = [('realm', name) for name in runs if name != 'realm']
   comparisons = {'masked_lm': _masked_lm_comparisons(d('eval'), pairs)}
   if has_qa:
-    recalled = [name for name in runs if name != 'baseline']
     for name in recalled:
       results[f'recall_{name}'] = stage(f'recall_{name}', recall, d(name),
                                         d(f'eval/{name}'), sizes.setup)
@@ -791,9 +830,7 @@ def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
   source tree also docs/results/<preset>.json, .md and _curves.png."""
   text = markdown(results, saved_configs(work_dir))
   outputs = [epath.Path(work_dir)]
-  docs = epath.Path(docs_dir or os.path.join(
-      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
-      'results'))
+  docs = epath.Path(docs_dir) if docs_dir else DOCS_RESULTS
   if docs.is_dir():
     outputs.append(docs)
   preset = results.get('preset', 'demo')

@@ -78,7 +78,7 @@ def test_the_end_to_end_section_states_both_towers_and_the_cost():
                                     'index_steps_kept': [180, 200]},
       'timings': {'finetune_realm': 240.0, 'finetune_realm_end_to_end': 900.0}}
   text = demo.markdown(results, {})
-  assert 'a checkpoint every 10 steps beside the trainer' in text
+  assert 'the towers every 10 steps beside the trainer' in text
   assert ('| NQ recall@5 (%), answer in the corpus: trained vs frozen | 18.00 '
           '| 14.00 | +4.00 [+3.00, +5.00] |') in text
   assert text.count('not run (the paper freezes it)') == 4

@@ -22,6 +22,8 @@ def test_schedule_warms_up_then_decays_to_zero():
 def test_schedule_rejects_warmup_past_the_end():
   with pytest.raises(ValueError, match='warmup_steps=10'):
     optimizer.bert_schedule(1e-4, warmup_steps=10, total_steps=10)
+  with pytest.raises(ValueError, match='warmup_steps=1'):
+    optimizer.bert_schedule(1e-4, warmup_steps=1, total_steps=0)
 
 
 def test_no_decay_on_layer_norms_and_biases(tiny_config):

@@ -280,6 +280,37 @@ def _restore_step(model_dir, step):
   return step, {n: jax.device_get(restored[f'{n}_params']) for n in names}
 
 
+def test_a_run_of_no_step_keeps_its_warm_start_to_be_scored(tmp_path):
+  """`train.num_steps = 0` (no warm-up either): checkpoint 0 holds the
+  warm start, read back as a trained run's step is (the world's start row
+  is scored so)."""
+  model_dir = str(tmp_path / 'run')
+  assert train_tiny(model_dir, 'ict', "--gin.Ict.bert_dir=''",
+                    '--gin.train.num_steps=0',
+                    '--gin.bert_adamw.warmup_steps=0') == 0
+  step, params = run_directory.restore_params(model_dir)
+  assert step == 0 and set(params) == {'retriever'}
+  assert _metrics(model_dir) == {}  # Nothing trained, nothing logged.
+
+
+def test_a_spent_time_limit_ends_the_run_where_it_is_and_a_rerun_resumes(
+    tmp_path, caplog):
+  """`train.time_limit_s`: the step it reached is checkpointed as a last
+  one is, with a warning; the same run without the limit goes on from it."""
+  model_dir = str(tmp_path / 'run')
+  flags = ("--gin.Ict.bert_dir=''", '--gin.train.num_steps=12',
+           '--gin.train.log_every=1', '--gin.bert_adamw.warmup_steps=1')
+  assert train_tiny(model_dir, 'ict', *flags,
+                    '--gin.train.time_limit_s=0') == 0
+  assert run_directory.restore_params(model_dir)[0] == 1
+  assert sorted(_metrics(model_dir)) == [1]
+  assert 'the run ends at step 1 of 12' in caplog.text
+  gin.clear_config()  # The next command's, as a new process has.
+  assert train_tiny(model_dir, 'ict', *flags) == 0
+  assert run_directory.restore_params(model_dir)[0] == 12
+  assert sorted(_metrics(model_dir)) == list(range(1, 13))
+
+
 def test_gin_typo_stops_before_any_work(tmp_path, capsys):
   model_dir = tmp_path / 'run'
   assert train_tiny(str(model_dir), 'ict', '--gin.train.num_stepz=2') == 2

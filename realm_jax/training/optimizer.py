@@ -16,8 +16,10 @@ _NO_DECAY = ('bias', 'scale', 'output_bias')
 
 def bert_schedule(learning_rate: float, warmup_steps: int,
                   total_steps: int) -> optax.Schedule:
-  """0 -> learning_rate over warmup_steps, then linearly to 0 at total_steps."""
-  if not 0 <= warmup_steps < total_steps:
+  """0 -> learning_rate over warmup_steps, then linearly to 0 at total_steps.
+  A run of no step (its warm start checkpointed and indexed, to be scored
+  as a trained run is) has no warm-up either."""
+  if not (0 <= warmup_steps < total_steps or warmup_steps == total_steps == 0):
     raise errors.BadConfig(
         f'bert_adamw.warmup_steps={warmup_steps} must be in [0, '
         f'train.num_steps={total_steps}): give fewer warm-up steps.')

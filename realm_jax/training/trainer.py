@@ -268,7 +268,8 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
           log_every: int = 10, eval_every: int | None = None, eval_batches: int = 10,
           eval_batch_size: int | None = None,
           data_shards: int | None = None, prefetch: bool = True,
-          memory_fraction: float | None = 0.9) -> TrainState:
+          memory_fraction: float | None = 0.9,
+          time_limit_s: float | None = None) -> TrainState:
   """Trains `run` to `num_steps`, resuming from model_dir's newest checkpoint.
 
   Args:
@@ -301,7 +302,14 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       share of what is free at the first step that the step may allocate:
       a batch that needs more is split into more microbatches
       (`Trainer.fit_microbatches`). None compiles the step as configured.
+    time_limit_s: seconds the run may take from its start, compiling
+      included; once spent, the run ends at the step it reached (at least
+      one more) as it would at num_steps
+      (a checkpoint of that step, the index builder told it is done) and
+      says so: a preset's stage that keeps to its share of a budget. A
+      later run with more time resumes there.
   """
+  started_at = time.perf_counter()
   distributed.initialize()
   model_dir = run_directory.absolute(model_dir)
   # One trainer per run directory, and only on a layout this code reads.
@@ -352,7 +360,11 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
                         done=start, also=(batch_size, 'examples'))
     window, window_start = [], time.perf_counter()
     ready = None  # This step's (inputs, host metrics), when prefetched.
+    deadline = None if time_limit_s is None else started_at + time_limit_s
     for step in range(start + 1, num_steps + 1):
+      # Process 0's clock decides: the last step's save is collective.
+      last = step == num_steps or (deadline is not None and bool(
+          distributed.agree(int(time.perf_counter() >= deadline))))
       started = time.perf_counter()
       if ready is None:
         ready = preparer.prepare(next(data), state.params, step - 1)
@@ -360,7 +372,7 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       # The next batch's device work is queued before this step (with the
       # parameters it starts from, before they are donated to it); its host
       # work runs while the device steps.
-      ahead = prefetch and step < num_steps and not checkpoints.due(step)
+      ahead = prefetch and not last and not checkpoints.due(step)
       host_part = ahead and preparer.dispatch_prepare(next(data), state.params,
                                                       step)
       prepared = time.perf_counter()
@@ -380,7 +392,7 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       # Rows before the save: a row past the newest checkpoint is dropped on
       # resume, and none is missing.
       window.append(metrics)
-      if step % log_every == 0 or step == num_steps:
+      if step % log_every == 0 or last:
         elapsed = time.perf_counter() - window_start
         summary = {k: float(np.mean([m[k] for m in window])) for k in window[0]
                    if all(m[k] is not None for m in window)}
@@ -391,8 +403,14 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       if eval_every and step % eval_every == 0:
         _write(writer, step, evaluate(state.params, step), 'eval/')
       checkpoints.save(state, step, {**position, 'batches': step},
-                       force=step == num_steps)
+                       force=last)
       progress.update(1)
+      if last:
+        if step < num_steps:
+          log.warning('train.time_limit_s=%s spent: the run ends at step %d '
+                      'of %d (checkpointed; a later run resumes there).',
+                      time_limit_s, step, num_steps)
+        break
     checkpoints.wait()
     checkpoints.close()
     writer.close()

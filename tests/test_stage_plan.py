@@ -1,0 +1,58 @@
+"""A preset's plan: expected times from its recorded run, and the budget
+shared out among the stages still to run."""
+
+import pytest
+
+from realm_jax import stage_plan
+
+pytestmark = pytest.mark.unit
+
+SIZES = {'ict_steps': 200, 'reader_steps': 100, 'pretrain_steps': 400}
+RECORD = {
+    'machine': {'device': 'NVIDIA H100 80GB HBM3'},
+    'sizes': {'ict_steps': 100, 'reader_steps': 100, 'pretrain_steps': 100},
+    'timings': {'ict': 30.0, 'reader': 50.0, 'pretrain_realm': 70.0,
+                'masked_lm_realm': 10.0},
+    # Where a stage kept its step time: its start, then its steps.
+    'pretrain_realm': {'step_seconds': 0.2},
+}
+STAGES = ['ict', 'reader', 'pretrain_realm', 'pretrain_stale',
+          'masked_lm_realm', 'masked_lm_stale', 'recall_realm']
+
+
+def test_each_stage_is_expected_from_the_record_at_its_steps_now():
+  plan = stage_plan.Plan(STAGES, SIZES, RECORD)
+  assert plan.expected == {
+      'ict': 60.0,  # No step time kept: scaled whole, 2x the steps.
+      'reader': 50.0,
+      # 70 s = a 50 s start and 100 steps of 0.2 s; now 400 steps.
+      'pretrain_realm': 130.0, 'pretrain_stale': 130.0,
+      'masked_lm_realm': 10.0, 'masked_lm_stale': 10.0,
+      'recall_realm': None}  # Nothing of its kind recorded.
+  assert plan.total() == 390.0
+  lines = '\n'.join(plan.lines())
+  assert '| pretrain_stale | 400 | 130 |' in lines
+  assert '| recall_realm |  | ? |' in lines and 'H100' in lines
+
+
+def test_without_a_record_nothing_is_expected_and_without_a_budget_no_limit():
+  plan = stage_plan.Plan(STAGES, SIZES)
+  assert set(plan.expected.values()) == {None} and plan.total() is None
+  assert plan.time_limit('ict') is None
+  assert 'no recorded run' in '\n'.join(plan.lines())
+
+
+def test_the_budget_left_is_shared_by_the_stages_still_to_run(monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(stage_plan.time, 'monotonic', lambda: clock[0])
+  plan = stage_plan.Plan(STAGES, SIZES, RECORD, budget_s=195.0)
+  assert 'over it' in '\n'.join(plan.lines())  # 390 s expected.
+  # Half the expected time: each stage gets half its own (recall_realm,
+  # with none, the mean of the others: 65 s, so 32.5 s).
+  assert plan.time_limit('ict') == pytest.approx(195 * 60 / 455)
+  plan.finish('ict')
+  clock[0] += 100.0  # ICT ran over its share: the rest share what is left
+  # (the mean of those known is 66 s now).
+  assert plan.time_limit('reader') == pytest.approx(95 * 50 / 396)
+  clock[0] += 500.0
+  assert plan.time_limit('reader') == 0.0  # Spent: one step, then it ends.
