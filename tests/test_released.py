@@ -6,6 +6,17 @@ random weights in the released Hugging Face layout, with what transformers
 embeddings, the retrieval, the reader's span logits and the predicted answer.
 The same weights written in the TensorFlow layouts (ORQA's checkpoint, the
 TF-Hub modules) must import to the same parameters.
+
+Those TensorFlow files are named from tests/fixtures/released/tf_names.txt:
+the released files' variable names and shapes as public sources give them
+(Hugging Face's conversion mapping, google-research/language's model code),
+not the table the importer reads (`layouts`), so a wrong name there fails
+the import. Each of these faults in realm_jax/released/layouts.py, one at a
+time, fails `test_tensorflow_layouts_import_the_same_weights` (run on
+2026-11-26, each prefix set to 'bogus/'): the retriever tower, projection,
+reader BERT, MLM head or span scorer prefix of `orqa`; the tower or the
+projection prefix of `hub_embedder`; the reader BERT or the MLM head prefix
+of `hub_bert`; and the `ignored` patterns of any of the three, emptied.
 """
 
 import json
@@ -25,7 +36,7 @@ from realm_jax.evaluation import qa_evaluation
 from realm_jax.index import publication
 from realm_jax.models.reader import KnowledgeAugmentedEncoder
 from realm_jax.models.realm import model_retriever
-from realm_jax.released import importer, layouts, tensor_files
+from realm_jax.released import importer, tensor_files
 from realm_jax.training import run_loader
 from tasks import common
 
@@ -35,6 +46,12 @@ FIXTURE = pathlib.Path(__file__).parent / 'fixtures' / 'released' / 'orqa_tiny'
 EXPECTED = np.load(FIXTURE / 'expected.npz')
 QUESTIONS = json.loads((FIXTURE / 'expected.json').read_text())['questions']
 TOLERANCE = {'rtol': 1e-5, 'atol': 1e-5}
+TF_NAMES = FIXTURE.parent / 'tf_names.txt'
+# tf_names.txt's shape symbols: fields of the fixture's config.json.
+SHAPE_SYMBOLS = {'V': 'vocab_size', 'P': 'max_position_embeddings',
+                 'T': 'type_vocab_size', 'H': 'hidden_size',
+                 'I': 'intermediate_size', 'R': 'retriever_proj_size',
+                 'S': 'span_hidden_size'}
 
 
 @pytest.fixture
@@ -177,17 +194,57 @@ def test_eval_and_ask_on_the_import_answer_as_hugging_face_does(
       done.stdout.index(b) for b in shown)
 
 
-def _tf_names(state: dict, layout: layouts.Layout, model) -> dict:
-  """The fixture's weights renamed (and transposed) into `layout`."""
-  hf = layouts.LAYOUTS[[l.name for l in layouts.LAYOUTS].index('hf_openqa')]
-  out = {}
-  ours = {t.path: (name, t) for name, tensors in
-          layouts.expected_names(hf, model).items() for t in tensors}
-  for name, tensors in layouts.expected_names(layout, model).items():
-    source_name, tensor = ours[tensors[0].path]
-    value = state[source_name]
-    out[name] = value.T if tensor.in_ndim is not None else value
+def _released_names() -> dict[str, list[list[str]]]:
+  """tf_names.txt: for each released file, its [TF name, shape, Hugging
+  Face name] rows."""
+  sections, rows = {}, None
+  for line in TF_NAMES.read_text().splitlines():
+    if line.startswith('['):
+      rows = sections.setdefault(line.strip('[]'), [])
+    elif line and not line.startswith('#'):
+      rows.append(line.split())
+  return sections
+
+
+def _shape(rule: str) -> tuple[int, ...]:
+  """A tf_names.txt shape ('H,2S') for the fixture's config."""
+  config = json.loads((FIXTURE / 'config.json').read_text())
+  return tuple(int(d) if d.isdigit() else
+               int(d[:-1] or 1) * config[SHAPE_SYMBOLS[d[-1]]]
+               for d in rule.split(','))
+
+
+def _released_file(section: str, state: dict) -> dict:
+  """The fixture's weights under a released file's names (tf_names.txt),
+  each from its Hugging Face name, kernels transposed back to [in, out]."""
+  tensors = {}
+  for tf_name, rule, hf_name in _released_names()[section]:
+    value = state[hf_name]
+    if tf_name.endswith('/kernel'):
+      value = value.T
+    assert value.shape == _shape(rule), (
+        f'tf_names.txt: {tf_name} is {rule} = {_shape(rule)}, but '
+        f'{hf_name} gives {value.shape}')
+    tensors[tf_name] = value
+  return tensors
+
+
+def _trained(tensors: dict) -> dict:
+  """A trainer's checkpoint of `tensors`: with the global step and each
+  variable's Adam slots (google-research/bert's optimizer), whose values
+  differ from the variable's so that reading one in its place shows."""
+  out = dict(tensors, global_step=np.int64(300000))
+  for name, value in tensors.items():
+    out[f'{name}/adam_m'] = np.full_like(value, 0.5)
+    out[f'{name}/adam_v'] = np.full_like(value, 2.0)
   return out
+
+
+def _assert_params_equal(got, want, what: str) -> None:
+  def check(path, a, b):
+    np.testing.assert_array_equal(
+        a, b, err_msg=f'{what}: {jax.tree_util.keystr(path)}')
+  jax.tree_util.tree_map_with_path(check, got, want)
 
 
 def _save_tf(prefix: str, tensors: dict) -> None:
@@ -203,17 +260,21 @@ def _write_tfrecord(path, texts):
 
 
 def test_tensorflow_layouts_import_the_same_weights(released_env):
+  """The fixture's weights written under the released TensorFlow names
+  (tf_names.txt) import to the parameters of Hugging Face's file."""
   tmp_path = released_env
   reference = _import(tmp_path, 'hf')
   model, hf_params = _loaded(reference['model_dir'])
   state = {n: tensor_files.open_tensor_file(str(FIXTURE)).read(n)
            for n in tensor_files.open_tensor_file(str(FIXTURE)).infos()}
-  by_name = {l.name: l for l in layouts.LAYOUTS}
-  orqa = _tf_names(state, by_name['orqa'], model)
-  orqa['global_step'] = np.int64(300000)
-  orqa['reader/dense/kernel/adam_m'] = orqa['reader/dense/kernel']
+  # ORQA's checkpoint holds every weight of RealmForOpenQA (the MLM decoder
+  # is the word embeddings; block_emb is a file of its own).
+  written = {hf for _, _, hf in _released_names()['orqa']}
+  weights = {n for n in state if n != 'block_emb' and '.decoder.' not in n}
+  assert written == weights, sorted(written ^ weights)
+  orqa = _released_file('orqa', state)
   (tmp_path / 'orqa').mkdir()
-  _save_tf(str(tmp_path / 'orqa' / 'model.ckpt-300000'), orqa)
+  _save_tf(str(tmp_path / 'orqa' / 'model.ckpt-300000'), _trained(orqa))
   (tmp_path / 'encoded').mkdir()
   _save_tf(str(tmp_path / 'encoded' / 'encoded.ckpt'),
            {'block_emb': state['block_emb']})
@@ -228,8 +289,26 @@ def test_tensorflow_layouts_import_the_same_weights(released_env):
       block_emb=str(tmp_path / 'encoded' / 'encoded.ckpt'),
       blocks=str(tmp_path / 'blocks.tfr'), titles=str(tmp_path / 'titles.tfr'),
       corpus_name='with_titles', gin_bindings=bindings)
+  assert summary['sources'] == {
+      str(tmp_path / 'orqa' / 'model.ckpt-300000'): 'orqa'}
   _, tf_params = _loaded(summary['model_dir'])
-  jax.tree.map(np.testing.assert_array_equal, tf_params, hf_params)
+  _assert_params_equal(tf_params, hf_params, 'ORQA checkpoint vs HF')
+  # A few by hand, from the written names to our parameters.
+  tower, reader = tf_params['retriever']['embedder'], tf_params['reader']
+  for name, imported in (
+      ('module/module/module/module/bert/embeddings/word_embeddings',
+       tower['bert']['embeddings']['word_embeddings']['embedding']),
+      ('module/module/module/dense/kernel', tower['projection']['kernel']),
+      ('module/module/module/LayerNorm/gamma', tower['layer_norm']['scale']),
+      ('reader/module/bert/encoder/layer_1/intermediate/dense/kernel',
+       reader['bert']['layers']['intermediate']['kernel'][1]),
+      ('reader/module/cls/predictions/output_bias',
+       reader['mlm_head']['output_bias']),
+      ('reader/dense/kernel', np.concatenate(
+          [reader['span_head']['start']['kernel'],
+           reader['span_head']['end']['kernel']], -1)),
+      ('reader/dense_1/kernel', reader['span_head']['score']['kernel'])):
+    np.testing.assert_array_equal(imported, orqa[name], err_msg=name)
 
   # The corpus with titles re-embeds to the released embeddings.
   blocks = list(corpus.read_blocks(summary['corpus_dir']).as_numpy_iterator())
@@ -247,10 +326,10 @@ def test_tensorflow_layouts_import_the_same_weights(released_env):
   np.testing.assert_allclose(embedded, EXPECTED['block_emb'], **TOLERANCE)
 
   # The pre-trained TF-Hub modules: the embedder and the encoder apart.
-  for layout, name in (('hub_embedder', 'embedder'), ('hub_bert', 'bert')):
+  for section, name in (('hub_embedder', 'embedder'), ('hub_bert', 'bert')):
     (tmp_path / name / 'variables').mkdir(parents=True)
     _save_tf(str(tmp_path / name / 'variables' / 'variables'),
-             _tf_names(state, by_name[layout], model))
+             _released_file(section, state))
   pre = _import(tmp_path, 'pretrained',
                 sources=[str(tmp_path / 'embedder'), str(tmp_path / 'bert')],
                 block_emb=str(tmp_path / 'encoded' / 'encoded.ckpt'),
@@ -258,21 +337,22 @@ def test_tensorflow_layouts_import_the_same_weights(released_env):
                 titles=str(tmp_path / 'titles.tfr'), corpus_name='pre',
                 gin_bindings=bindings)
   assert pre['kind'] == 'Pretrain'
+  assert sorted(pre['sources'].values()) == ['hub_bert', 'hub_embedder']
   _, pre_params = _loaded(pre['model_dir'])
-  jax.tree.map(np.testing.assert_array_equal, pre_params['retriever'],
-               hf_params['retriever'])
-  jax.tree.map(np.testing.assert_array_equal, pre_params['reader']['bert'],
-               hf_params['reader']['bert'])
+  _assert_params_equal(pre_params['retriever'], hf_params['retriever'],
+                       'embedder module vs HF')
+  for part in ('bert', 'mlm_head'):
+    _assert_params_equal(pre_params['reader'][part], hf_params['reader'][part],
+                         f'encoder module vs HF, reader {part}')
 
 
 @pytest.mark.parametrize('change', ['rename', 'reshape'])
 def test_a_file_that_does_not_fit_is_refused_naming_the_tensor(
     released_env, change):
   tmp_path = released_env
-  model, _ = _loaded(_import(tmp_path, 'hf')['model_dir'])
   state = {n: tensor_files.open_tensor_file(str(FIXTURE)).read(n)
            for n in tensor_files.open_tensor_file(str(FIXTURE)).infos()}
-  orqa = _tf_names(state, layouts.LAYOUTS[0], model)
+  orqa = _released_file('orqa', state)
   victim = 'reader/dense_1/kernel'
   if change == 'rename':
     orqa['reader/dense_2/kernel'] = orqa.pop(victim)
