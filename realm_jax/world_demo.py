@@ -6,7 +6,8 @@ so the four claims of the paper can be shown on 2 cores, through the real
 trainer, the index builder as a separate process and the living corpus:
 
 1. the retriever learns from the masked-LM signal alone: REALM against the
-   same run with its towers frozen at their start;
+   same run with its towers frozen at their start, and against its start
+   (the two warm starts and the ICT index, trained for no step);
 2. a fresh index beats a stale one: against the index re-embedded 30x
    less often;
 3. retrieval fills in facts never trained on: held-out people's facts,
@@ -22,7 +23,8 @@ Stages, each a marker in work_dir/stages as in the demo:
   document (see `READER_WHY`); the retriever is untouched by it;
 - pretrain_realm, pretrain_stale (index builder beside the trainer),
   pretrain_frozen (towers frozen) and pretrain_baseline (null document
-  alone), all from the same two warm starts for the same steps;
+  alone), all from the same two warm starts for the same steps, and
+  pretrain_start, the same run for no step;
 - scoring of the held-out queries, the people without a document, and
   the edit check.
 The report is work_dir/RESULTS.md with results.json and world.png, and,
@@ -70,7 +72,7 @@ class WorldPreset:
   pretrain_steps: int
   refresh_interval: int
   batch_size: int = 16
-  ablations: bool = True  # The stale and frozen runs, and the edit check.
+  ablations: bool = True  # The stale run and the edit check.
   eval_every: int = 25  # Held-out recall@1 and accuracy while training.
 
 
@@ -79,8 +81,8 @@ PRESETS = {
         world.WorldSpec(people=1000, first_names=40, last_names=40),
         ict_steps=300, reader_steps=500, pretrain_steps=200,
         refresh_interval=5),
-    # tests/test_world.py's learning test: one attribute, 300 people, REALM
-    # and its baseline alone.
+    # tests/test_world.py's learning test: one attribute, 300 people, REALM,
+    # its baseline, its start and its control (the towers frozen).
     'world_small': WorldPreset(
         world.WorldSpec(people=300, no_document=20, attributes=('hometown',),
                         first_names=10, last_names=40, edited=0),
@@ -281,11 +283,14 @@ def run(work_dir: str = 'runs/world', preset: str = 'world',
   stage('ict', train_ict, d('ict'), sizes)
   stage('reader', train_reader, d('reader'), sizes)
   runs = {'realm': ((), True), 'baseline': (('Pretrain.num_candidates=1',),
-                                            False)}
+                                            False),
+          'frozen': ((f'bert_adamw.retriever_frozen_steps='
+                      f'{sizes.pretrain_steps}',), False),
+          # Scored as the others are, on the same queries: where they began.
+          'start': (('train.num_steps=0', 'bert_adamw.warmup_steps=0'),
+                    False)}
   if sizes.ablations:
     runs['stale'] = ((f'run_refresh.stale_factor={STALE_FACTOR}',), True)
-    runs['frozen'] = ((f'bert_adamw.retriever_frozen_steps='
-                       f'{sizes.pretrain_steps}',), False)
   for name, (bindings, refresh) in runs.items():
     results[f'pretrain_{name}'] = stage(
         f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
@@ -324,10 +329,11 @@ def comparisons(sizes: WorldPreset, eval_dir: str, names: list[str]) -> dict:
   rows = {name: masked_lm.read_queries(eval_dir, name) for name in names}
   rows['prior'] = prior_rows(sizes.spec, rows['realm'])
   out = {f'realm_vs_{b}': masked_lm.compare(rows['realm'], rows[b])
-         for b in ('baseline', 'prior', 'stale', 'frozen') if b in rows}
+         for b in ('baseline', 'prior', 'stale', 'frozen', 'start')
+         if b in rows}
   out['baseline_vs_prior'] = masked_lm.compare(rows['baseline'],
                                                rows['prior'])
-  for b in ('stale', 'frozen'):
+  for b in ('stale', 'frozen', 'start'):
     if b in rows:
       ones = np.ones(len(rows['realm']))
       out[f'realm_vs_{b}']['recall@1'] = bootstrap.paired_interval(
@@ -408,6 +414,7 @@ def markdown(results: dict) -> str:
   edit = results.get('edit')
   stale = c.get('realm_vs_stale')
   frozen = c.get('realm_vs_frozen')
+  start = c.get('realm_vs_start')
   excludes = lambda i: bool(i and i['excludes_zero'] and i['difference'] > 0)
   lines = [
       '# realm-jax `world`: REALM in a controlled knowledge world', '',
@@ -431,7 +438,8 @@ def markdown(results: dict) -> str:
       f'trainer re-embedding a checkpoint every {sizes["refresh_interval"]} '
       f'steps (the stale run: every {sizes["refresh_interval"] * STALE_FACTOR}'
       '). The baseline (the null document alone) and the frozen retriever '
-      'train for the same steps from the same warm starts.', '',
+      'train for the same steps from the same warm starts; the start is the '
+      'same run trained for no step.', '',
       f'Why ICT: {ICT_WHY}', '', f'Why the reader\'s warm start: {READER_WHY}',
       '',
       'Every row is A - B on the same held-out queries (every held-out fact '
@@ -445,6 +453,10 @@ def markdown(results: dict) -> str:
            c['realm_vs_prior']['masked_token_accuracy']),
       _row('held-out fill accuracy (%): the baseline vs the value prior',
            c['baseline_vs_prior']['masked_token_accuracy']),
+      _row('held-out recall@1 of the person\'s document (%): REALM vs its '
+           'start', start and start['recall@1']),
+      _row('held-out fill accuracy (%): REALM vs its start',
+           start and start['masked_token_accuracy']),
       _row('held-out recall@1 of the person\'s document (%): REALM vs the '
            'frozen retriever', frozen and frozen['recall@1']),
       _row('held-out fill accuracy (%): REALM vs the frozen retriever',

@@ -137,39 +137,54 @@ def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):
   """The `world_small` preset through the real trainer, with the index
   builder as a separate process: the retriever, taught by the masked-LM
   loss alone, finds the held-out people's documents, and the filled facts
-  follow. Fails when the retriever's gradient is cut, when the candidates
-  are shuffled against their queries, or when the trainer never takes a
-  new index (each tried by hand, see the issue's note)."""
+  follow. Every score below is of the same 120 held-out queries, scored
+  the same way: REALM after its 60 steps, its start (the same run for no
+  step: the warm starts and the ICT index) and its control (the same run,
+  same seed, with the towers frozen).
+
+  Unbroken, one run read recall@1 59.2% -> 98.3% (the frozen control
+  59.2%) and accuracy 47.5% -> 77.5% (control 47.5%). Each fault of the
+  mechanism fails it (each run once on 2026-11-26, 2 AMD EPYC cores):
+  - the retriever's gradient cut (`stop_gradient` on the relevance scores
+    in `MarginalMaskedLm`): recall@1 stays at its start's, 59.2%;
+  - the candidates shuffled against their queries in training (each
+    query's rolled to the next one's in `MaskedLmBatches`): recall@1
+    falls to 4.2%;
+  - the trainer never taking a new index (`IndexClient.maybe_refresh`
+    keeping its first): recall@1 85.8%, below start + 30 points (and its
+    index 30 steps stale on average).
+  """
   # One CPU device, as a user's run has (not the 8 the tests fake).
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   subprocess.run([sys.executable, '-m', 'realm_jax.main', 'demo',
                   '--preset=world_small', f'--work_dir={tmp_path}'],
                  cwd=REPO, env=env, check=True, capture_output=True)
   results = json.loads((tmp_path / 'results.json').read_text())
-  curve = results['curves']['realm']
-  steps = sorted(curve['recall@1'], key=int)
-  start, end = steps[0], steps[-1]
   held_out = results['held_out']
-  realm, baseline = held_out['realm'], held_out['baseline']
-  # From the warm starts (the trainer's evaluation at step 0, with the ICT
-  # index, of the whole batches of held-out queries: 112 of the 120) to the
-  # trained model with the index of its last step, on all 120.
-  assert realm['index_step'] == realm['step']
-  assert realm['recall@1'] > curve['recall@1'][start] + 0.3, (realm, curve)
-  assert realm['masked_token_accuracy'] > curve['accuracy'][start] + 0.15, (
-      realm, curve)
+  realm, start, frozen = (held_out[n] for n in ('realm', 'start', 'frozen'))
+  assert realm['queries'] == start['queries'] == frozen['queries'] == 120
+  assert realm['index_step'] == realm['step'] == 60
+  # Frozen towers retrieve as at the start, whatever the reader learned.
+  assert frozen['recall@1'] == pytest.approx(start['recall@1'], abs=0.01)
+  assert realm['recall@1'] >= 0.8, (realm, start)
+  assert realm['recall@1'] > start['recall@1'] + 0.3, (realm, start)
+  assert (realm['masked_token_accuracy'] >
+          start['masked_token_accuracy'] + 0.2), (realm, start)
+  comparisons = results['comparisons']
+  for metric, margin in (('recall@1', 25), ('masked_token_accuracy', 15)):
+    against_control = comparisons['realm_vs_frozen'][metric]
+    assert (against_control['excludes_zero'] and
+            against_control['difference'] > margin), (metric, against_control)
   # The trainer took the builder's indexes as it went: a trainer that kept
   # its first index would read one 30 steps stale on average.
   interval = results['sizes']['refresh_interval']
   staleness = results['pretrain_realm']['mean_index_staleness']
   assert staleness < 3 * interval, results['pretrain_realm']
-  # And it saw the rise itself, with whichever index it was reading. That
-  # index lags the query tower by about one refresh, which costs points of
-  # recall while the towers move fast (one run read 0.87 at step 25, 0.82
-  # at step 50, and 0.99 with its step-60 index), hence lower margins.
-  assert curve['recall@1'][end] > curve['recall@1'][start] + 0.15, curve
-  assert curve['accuracy'][end] > curve['accuracy'][start] + 0.1, curve
-  comparison = results['comparisons']['realm_vs_baseline'][
-      'masked_token_accuracy']
+  # And the trainer's own evaluation saw the rise, with whichever index it
+  # was reading (one refresh behind the query tower).
+  curve = results['curves']['realm']
+  steps = sorted(curve['recall@1'], key=int)
+  assert curve['recall@1'][steps[-1]] > curve['recall@1'][steps[0]] + 0.15
+  comparison = comparisons['realm_vs_baseline']['masked_token_accuracy']
   assert comparison['excludes_zero'] and comparison['difference'] > 20, (
-      comparison, baseline)
+      comparison, held_out['baseline'])
