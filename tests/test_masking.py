@@ -15,8 +15,10 @@ pytestmark = pytest.mark.integration
 def annotated(small_corpus):
   path = os.path.join(small_corpus, 'wiki_leads', 'annotated',
                       'train.tfrecord')
-  return list(tf.data.TFRecordDataset(path).map(
+  blocks = list(tf.data.TFRecordDataset(path).map(
       salient_spans.parse_annotated_block).take(12))
+  assert len(blocks) == 12  # Every test below loops over them.
+  return blocks
 
 
 def _seed(i):
@@ -108,9 +110,12 @@ def test_the_pipeline_masks_queries_of_the_run_length(tokenizer):
   from realm_jax.training import input_pipeline  # pylint: disable=g-import-not-at-top
   shapes = {'query_token_ids': (16,), 'mlm_positions': (8,),
             'mlm_targets': (8,)}
-  for batch in input_pipeline.batches('realm_pretrain_wiki_leads_salient',
-                                      'train', shapes, 8, num_epochs=1):
+  batches = list(input_pipeline.batches('realm_pretrain_wiki_leads_salient',
+                                        'train', shapes, 8, num_epochs=1))
+  assert batches  # The assertions below hold for every batch read.
+  for batch in batches:
     masked = batch['mlm_targets'] != 0
+    assert masked.any(axis=1).all()  # Every query masks its span.
     assert np.all(batch['mlm_positions'][masked] < 15)
     rows = np.arange(8)[:, None].repeat(8, 1)[masked]
     assert np.all(batch['query_token_ids'][rows,

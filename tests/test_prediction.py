@@ -117,7 +117,10 @@ def test_masked_lm_eval_with_and_without_retrieval(trained_pretraining,
   assert realm['num_candidates'] == 4 and alone['num_candidates'] == 1
   assert realm['queries'] == alone['queries'] == 20
   assert alone['retrieval_utility'] == 0  # The null document alone.
-  assert 0 <= alone['masked_token_accuracy'] <= 1
+  rows = masked_lm.read_queries(out, 'alone')
+  assert len(rows) == 20 and alone['masked_token_accuracy'] == pytest.approx(
+      sum(r['correct_tokens'] for r in rows)
+      / sum(r['masked_tokens'] for r in rows))
   with open(f'{out}/alone_metrics.json') as f:
     assert json.load(f)['num_candidates'] == 1
   rows_realm = masked_lm.read_queries(out, 'realm')

@@ -285,7 +285,9 @@ def test_end_to_end_finetuning_reads_the_builders_indexes(zebra):
   assert 'published index step 6' in log and 'training done' in log, log
   rows = [json.loads(line) for line in
           open(os.path.join(model_dir, 'train_metrics.jsonl'))]
-  assert all(row['index_staleness'] >= 0 for row in rows if row['step'])
+  # Each step read an index of the run's own past (timing decides which).
+  assert all(0 <= row['index_staleness'] <= row['step'] for row in rows
+             if row['step'])
 
   manager = run_directory.trainer_checkpoints(model_dir)
   tower = lambda step: jax.tree.leaves(run_directory.restore_retriever_params(
