@@ -28,7 +28,9 @@ Each finished stage leaves work_dir/stages/<stage>.json (its wall time and
 results), so a re-run skips it; the training stages also resume from their
 checkpoints. The QA stages need REALM_DATA_DIR; without it the demo says
 where to get the files and runs the masked-LM stages alone. The last step
-writes results.json, RESULTS.md and the pre-training curves into work_dir.
+writes results.json, RESULTS.md and the pre-training curves into work_dir,
+and with `--record` into docs/results as well (the record runs are compared
+against, which no other run overwrites).
 """
 
 import ast
@@ -480,8 +482,10 @@ def _end_to_end_comparisons(eval_dir: str) -> dict:
   return out
 
 
-def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
-  """Every stage of `preset` in order; returns (and writes) the results."""
+def run(work_dir: str = 'runs/demo', preset: str = 'demo',
+        docs_dir: str | None = None) -> dict:
+  """Every stage of `preset` in order; returns (and writes) the results
+  (into `docs_dir` too, the record, when given: `demo --record`)."""
   if preset not in PRESETS:
     raise errors.BadConfig(f'preset={preset!r}; expected one of '
                            f'{sorted(PRESETS)}.')
@@ -572,7 +576,7 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo') -> dict:
     comparisons['end_to_end'] = _end_to_end_comparisons(d('eval'))
   results['comparisons'] = comparisons
   results['timings'] = timings
-  report(results, work_dir)
+  report(results, work_dir, docs_dir)
   return results
 
 
@@ -826,13 +830,13 @@ def _end_to_end_markdown(results: dict, sizes: dict) -> list[str]:
 
 
 def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
-  """results.json, RESULTS.md and pretrain_curves.png in work_dir; from a
-  source tree also docs/results/<preset>.json, .md and _curves.png."""
+  """results.json, RESULTS.md and pretrain_curves.png in work_dir; with
+  `docs_dir` (`demo --record`) also <preset>.json, .md and _curves.png
+  there, the record."""
   text = markdown(results, saved_configs(work_dir))
   outputs = [epath.Path(work_dir)]
-  docs = epath.Path(docs_dir) if docs_dir else DOCS_RESULTS
-  if docs.is_dir():
-    outputs.append(docs)
+  if docs_dir is not None:
+    outputs.append(epath.Path(docs_dir))
   preset = results.get('preset', 'demo')
   for out in outputs:
     name = 'results' if out == outputs[0] else preset

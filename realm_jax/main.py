@@ -91,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
   demo.add_argument('--work_dir', default=None,
                     help='Every run, index and result (default: '
                     'runs/<preset>).')
+  demo.add_argument('--record', action='store_true',
+                    help='Also write the report into docs/results/<preset>.* '
+                    '(a source tree\'s record, which the next run of the '
+                    'preset plans from); without it nothing outside '
+                    '--work_dir changes.')
   demo.add_argument('--preset', choices=('demo', 'reproduce', 'end_to_end',
                                          'gpu', 'world', 'world_small'),
                     default='demo',
@@ -573,13 +578,14 @@ def _search(args) -> None:
 
 
 def _demo(args) -> None:
+  from realm_jax import demo  # pylint: disable=g-import-not-at-top
   work_dir = args.work_dir or os.path.join('runs', args.preset)
+  docs_dir = os.fspath(demo.DOCS_RESULTS) if args.record else None
   if args.preset.startswith('world'):
     from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
-    world_demo.run(work_dir, args.preset)
+    world_demo.run(work_dir, args.preset, docs_dir)
     return
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
-  demo.run(work_dir, args.preset)
+  demo.run(work_dir, args.preset, docs_dir)
 
 
 def _gin_flags(argv):

@@ -27,8 +27,8 @@ Stages, each a marker in work_dir/stages as in the demo:
   pretrain_start, the same run for no step;
 - scoring of the held-out queries, the people without a document, and
   the edit check.
-The report is work_dir/RESULTS.md with results.json and world.png, and,
-from a source tree, docs/results/world.{md,json,png}.
+The report is work_dir/RESULTS.md with results.json and world.png; with
+`realm-jax demo --record`, docs/results/world.{md,json,png} too.
 """
 
 import dataclasses
@@ -543,16 +543,15 @@ def plot(results: dict, png_path: str) -> None:
 
 
 def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
-  """RESULTS.md, results.json and world.png in work_dir; from a source tree
-  (or `docs_dir`) also docs/results/world.{md,json,png}."""
+  """RESULTS.md, results.json and world.png in work_dir; with `docs_dir`
+  (`demo --record`) also <preset>.{md,json,png} there, the record."""
   text = markdown(results)
   outputs = [(epath.Path(work_dir), 'RESULTS.md', 'results.json',
               'world.png')]
-  docs = epath.Path(docs_dir or os.path.join(
-      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
-      'results'))
-  if docs.is_dir() and results['preset'] == 'world':  # Not the test's.
-    outputs.append((docs, 'world.md', 'world.json', 'world.png'))
+  if docs_dir is not None:
+    preset = results['preset']
+    outputs.append((epath.Path(docs_dir), f'{preset}.md', f'{preset}.json',
+                    f'{preset}.png'))
   for out, md, js, png in outputs:
     (out / md).write_text(text)
     (out / js).write_text(json.dumps(results, indent=2))

@@ -160,6 +160,9 @@ def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):
                   '--preset=world_small', f'--work_dir={tmp_path}'],
                  cwd=REPO, env=env, check=True, capture_output=True)
   results = json.loads((tmp_path / 'results.json').read_text())
+  # Without --record the run leaves the record alone.
+  assert not os.path.exists(os.path.join(REPO, 'docs', 'results',
+                                         'world_small.json'))
   held_out = results['held_out']
   realm, start, frozen = (held_out[n] for n in ('realm', 'start', 'frozen'))
   assert realm['queries'] == start['queries'] == frozen['queries'] == 120
