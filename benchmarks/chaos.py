@@ -214,12 +214,17 @@ class Episode:
     kept = [s for s in _steps(self.checkpoints) if s != skip]
     return kept[-1] if kept else None
 
-  def restart_trainer(self, skip: int | None = None) -> None:
+  def restart_trainer(self, skip: int | None = None) -> int:
+    """Kills and starts the trainer; returns the last metrics row the
+    killed one left (read once it is dead: a row it wrote while being
+    killed would otherwise pass for the new one stepping)."""
     self.trainer.kill()
+    row = _last_row(self.model_dir)
     expected = self.newest_whole_checkpoint(skip)
     self.trainer.start()
     if expected is not None:
       self.resume_expectations.append((self.trainer.starts, expected))
+    return row
 
   def inject(self, kind: str, variant: str) -> dict:
     record = {'kind': kind, 'variant': variant}
@@ -234,9 +239,7 @@ class Episode:
       else:
         time.sleep(self.rng.uniform(0, 3 * self.pace))
       record['phase'] = self.trainer_phase()
-      row = _last_row(self.model_dir)
-      self.restart_trainer()
-      self.stepping(row)
+      self.stepping(self.restart_trainer())
     elif kind == 'kill builder':
       target = {'mid-publish': lambda: self.builder_phase() == 'mid-publish',
                 'pruning': lambda: self.builder_phase() == 'pruning'
@@ -251,9 +254,8 @@ class Episode:
     elif kind == 'kill both':
       time.sleep(self.rng.uniform(0, 3 * self.pace))
       record['phase'] = f'{self.trainer_phase()} / {self.builder_phase()}'
-      row = _last_row(self.model_dir)
       self.builder.kill()
-      self.restart_trainer()
+      row = self.restart_trainer()
       self.builder.start()
       self.stepping(row)
     elif kind.startswith('damage'):
@@ -269,9 +271,9 @@ class Episode:
 
   def damage(self, what: str, variant: str) -> dict:
     """Kills both jobs, damages the newest step of `what`, restarts both."""
-    row = _last_row(self.model_dir)
     self.trainer.kill()
     self.builder.kill()
+    row = _last_row(self.model_dir)  # Once the trainer is dead.
     directory = self.checkpoints if what == 'checkpoint' else self.index
     steps = _steps(directory)
     # The first checkpoint has no earlier one to fall back on.
