@@ -11,7 +11,8 @@ the rows of one run, measured side by side.
 `--accelerator` runs the rows of one accelerator (docs/benchmarks.md, "On a
 GPU"): the encoder against PyTorch's on the same card, the REALM train step
 at the paper's shapes, corpus embedding, and the exact-search sweep, each in
-bfloat16, compiles included, in `--budget_s` seconds (default 400: under 7
+bfloat16, then what a checkpoint and a retriever snapshot cost the training
+loop; compiles included, in `--budget_s` seconds (default 400: under 7
 minutes with the start-up). Each benchmark has its share of the budget
 (ACCELERATOR_SHARES; what one leaves goes to the next), and a row starts
 only while its share has room for it: the rows not started say so. With
@@ -33,12 +34,13 @@ BENCHMARKS = {'encoder': encoder.run, 'train_step': train_step.run,
               'saves': saves.run}
 ACCELERATOR = {'encoder': encoder.accelerator,
                'train_step': train_step.accelerator,
-               'embed': embed.accelerator, 'mips': mips.run_sweep}
-# Shares of --budget_s, in order; planned from one H100: the REALM step's
-# compile dominates train_step, the 13.35M-row table and one compile per
-# selection the sweep.
+               'embed': embed.accelerator, 'mips': mips.run_sweep,
+               'saves': saves.accelerator}
+# Shares of --budget_s, in order (weights of what is left); planned from one
+# H100: the REALM step's compile dominates train_step, the 13.35M-row table
+# and one compile per selection the sweep; ten saves of 0.5 GiB, seconds.
 ACCELERATOR_SHARES = {'encoder': 0.2, 'train_step': 0.375, 'embed': 0.175,
-                      'mips': 0.25}
+                      'mips': 0.25, 'saves': 0.03}
 ACCELERATOR_BUDGET_S = 400
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            'results')
@@ -123,6 +125,11 @@ ACCELERATOR_COLUMNS = {
         ('scores floor ms', 'scores_round_trip_ms', _ms),
         ('x bound', 'ratio_to_bound', lambda v: f'{v:.1f}'),
         ('same ids', 'same_ids', lambda v: f'{v:.4f}')]),
+    'saves': ('Saving for the index builder, the GPU preset\'s state', [
+        ('device', 'device', str), ('compiler', 'compiler', str),
+        ('saved', 'saved', str), ('GiB a save', 'gib_per_save', _number),
+        ('save holds the loop (s)', 'blocked_s', _number),
+        ('write behind it (s)', 'write_s', _number)]),
 }
 
 

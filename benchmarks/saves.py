@@ -49,6 +49,15 @@ def _gib(tree) -> float:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)) / 2**30
 
 
+def accelerator(options) -> list[dict]:
+  """`run`'s rows on the accelerator, named with its device and compiler:
+  the copy off the device is part of what `save` holds the loop for."""
+  from benchmarks.encoder import versions  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0].device_kind
+  return [{**row, 'device': device, 'compiler': versions()}
+          for row in run(options)]
+
+
 def run(options) -> list[dict]:
   """A row per kind of save (`options.quick`: the demo's 2 layers, once)."""
   bindings = list(train_step.DEMO_BINDINGS)

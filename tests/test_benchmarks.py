@@ -168,7 +168,8 @@ def test_accelerator_quick_run_of_every_row(tmp_path, capsys):
   rows = {}
   for row in report['rows']:
     rows.setdefault(row['benchmark'], []).append(row)
-  assert set(rows) == {'encoder', 'train_step', 'embed', 'mips_sweep'}
+  assert set(rows) == {'encoder', 'train_step', 'embed', 'mips_sweep',
+                       'saves'}
   kind = jax.devices()[0].device_kind
   for row in report['rows']:
     assert 'error' not in row and 'skipped' not in row, row
