@@ -35,7 +35,10 @@ class Plan:
   def __init__(self, stages: list[str], sizes: dict,
                record: dict | None = None, budget_s: float | None = None):
     self.stages, self.sizes, self.budget_s = stages, sizes, budget_s
-    self.source = record and record.get('machine', {}).get('device')
+    machine = (record or {}).get('machine', {})
+    self.source = record and (machine.get('device') or (
+        f'{machine["cpu"]}, {machine.get("cores")} cores' if 'cpu' in machine
+        else 'a machine it does not name'))
     self.expected = {s: self._expect(s, record) for s in stages}
     self.deadline = None if budget_s is None else time.monotonic() + budget_s
     self.finished = set()

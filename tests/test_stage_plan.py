@@ -33,6 +33,9 @@ def test_each_stage_is_expected_from_the_record_at_its_steps_now():
   lines = '\n'.join(plan.lines())
   assert '| pretrain_stale | 400 | 130 |' in lines
   assert '| recall_realm |  | ? |' in lines and 'H100' in lines
+  on_cpu = {**RECORD, 'machine': {'cpu': 'AMD EPYC', 'cores': 2}}
+  assert 'recorded run on AMD EPYC, 2 cores' in '\n'.join(
+      stage_plan.Plan(STAGES, SIZES, on_cpu).lines())
 
 
 def test_without_a_record_nothing_is_expected_and_without_a_budget_no_limit():
