@@ -139,27 +139,16 @@ class ExampleArrays:
 
   def __init__(self, path):
     self.path = epath.Path(path)
-    meta = self.path / METADATA
-    if not meta.is_file():
-      raise errors.NotFound(
-          f'No pre-tokenized examples at {self.path} ({METADATA} missing).',
-          'Write them where TensorFlow is, with `realm-jax data export` and '
-          'the same gin files as the run (or bring a bundle).')
-    try:
-      self.metadata = json.loads(meta.read_text())
-    except ValueError as error:
-      raise errors.BadInput(f'{meta}: not JSON ({error}).') from error
+    self.metadata = read_metadata(
+        self.path, 'pre-tokenized examples',
+        'Write them where TensorFlow is, with `realm-jax data export` and '
+        'the same gin files as the run (or bring a bundle).')
     self.count = self.metadata['count']
-    self.arrays = {}
-    for name in self.metadata['shapes']:
-      file = self.path / f'{name}.npy'
-      try:
-        self.arrays[name] = np.load(os.fspath(file), mmap_mode='r')
-      except (OSError, ValueError) as error:
-        raise errors.BadInput(f'{file}: unreadable ({error}).') from error
-      if len(self.arrays[name]) != self.count:
-        raise errors.BadInput(f'{file}: {len(self.arrays[name])} rows, but '
-                              f'{meta} says {self.count}.')
+    self.arrays = load_arrays(self.path, self.metadata['shapes'])
+    for name, values in self.arrays.items():
+      if len(values) != self.count:
+        raise errors.BadInput(f'{self.path / name}.npy: {len(values)} rows, '
+                              f'but {self.path / METADATA} says {self.count}.')
 
   def check(self, shapes: dict, **expected) -> None:
     """Refuses arrays of other shapes, or made from another vocabulary or
@@ -204,6 +193,31 @@ def check_sources(path, metadata: dict, expected: dict) -> None:
           f'{path} was made with {field} {metadata.get(field)}, but this run '
           f'reads {value}.',
           'Export the examples again from this corpus and vocabulary.')
+
+
+def read_metadata(path: epath.Path, what: str, how: str) -> dict:
+  """The metadata.json of arrays of `what` at `path`; a missing one is
+  refused saying `how` to write them, an unreadable one named."""
+  meta = path / METADATA
+  if not meta.is_file():
+    raise errors.NotFound(f'No {what} at {path} ({METADATA} missing).', how)
+  try:
+    return json.loads(meta.read_text())
+  except ValueError as error:
+    raise errors.BadInput(f'{meta}: not JSON ({error}).') from error
+
+
+def load_arrays(path: epath.Path, names) -> dict[str, np.ndarray]:
+  """<name>.npy of each of `names` at `path`, memory-mapped; an unreadable
+  file named."""
+  arrays = {}
+  for name in names:
+    file = path / f'{name}.npy'
+    try:
+      arrays[name] = np.load(os.fspath(file), mmap_mode='r')
+    except (OSError, ValueError) as error:
+      raise errors.BadInput(f'{file}: unreadable ({error}).') from error
+  return arrays
 
 
 def order(count: int, seed: int, shuffle: bool, start: int, stop: int

@@ -177,24 +177,11 @@ class SpanArrays:
 
   def __init__(self, path, store: block_store.BlockStore):
     self.path, self.store = epath.Path(path), store
-    meta = self.path / example_arrays.METADATA
-    if not meta.is_file():
-      raise errors.NotFound(
-          f'No salient spans at {self.path} ({example_arrays.METADATA} '
-          'missing).',
-          'Write them where TensorFlow is, with `realm-jax data export` of a '
-          'pre-training run (or bring a bundle).')
-    try:
-      self.metadata = json.loads(meta.read_text())
-    except ValueError as error:
-      raise errors.BadInput(f'{meta}: not JSON ({error}).') from error
-    self.arrays = {}
-    for name in ARRAYS:
-      file = self.path / f'{name}.npy'
-      try:
-        self.arrays[name] = np.load(os.fspath(file), mmap_mode='r')
-      except (OSError, ValueError) as error:
-        raise errors.BadInput(f'{file}: unreadable ({error}).') from error
+    self.metadata = example_arrays.read_metadata(
+        self.path, 'salient spans',
+        'Write them where TensorFlow is, with `realm-jax data export` of a '
+        'pre-training run (or bring a bundle).')
+    self.arrays = example_arrays.load_arrays(self.path, ARRAYS)
     counts = {name: self.metadata[count] for name, count in (
         ('block_ids', 'blocks'), ('sentence_starts', 'sentences'),
         ('sentence_lengths', 'sentences'), ('span_blocks', 'spans'),
@@ -205,8 +192,9 @@ class SpanArrays:
     for name, expected in counts.items():
       if len(self.arrays[name]) != expected:
         raise errors.BadInput(f'{self.path / f"{name}.npy"}: '
-                              f'{len(self.arrays[name])} rows, but {meta} '
-                              f'says {expected}.')
+                              f'{len(self.arrays[name])} rows, but '
+                              f'{self.path / example_arrays.METADATA} says '
+                              f'{expected}.')
     self.num_blocks = self.metadata['blocks']
     self.num_spans = self.metadata['spans']
 
