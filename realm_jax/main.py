@@ -96,8 +96,20 @@ def _parser() -> argparse.ArgumentParser:
                     '(a source tree\'s record, which the next run of the '
                     'preset plans from); without it nothing outside '
                     '--work_dir changes.')
+  demo.add_argument('--repeats', type=int, default=1,
+                    help='Run the preset this many times, seeds 0 to N-1, '
+                    'each under <work_dir>/seed_<s>, and report each '
+                    'figure\'s mean and range and each comparison\'s '
+                    'interval in every run (world presets).')
+  demo.add_argument('--lockstep', action='store_true',
+                    help='The trainer retrieves from the index of a fixed '
+                    'earlier step, waited for if late, instead of the newest '
+                    'one the builder has published: a run then depends on '
+                    'its seed alone, not on the builder\'s speed (world '
+                    'presets).')
   demo.add_argument('--preset', choices=('demo', 'reproduce', 'end_to_end',
-                                         'gpu', 'world', 'world_small'),
+                                         'gpu', 'world', 'world_top3',
+                                         'world_small'),
                     default='demo',
                     help='demo: the two core checks (20 minutes on 2 cores); '
                     'reproduce: the miniature Table 2 (90 minutes); '
@@ -108,7 +120,9 @@ def _parser() -> argparse.ArgumentParser:
                     'bundle-gpu; docs/accelerators.md); world: REALM\'s '
                     'four claims in a controlled knowledge world, where each '
                     'fact is in '
-                    'one document; world_small: its REALM and baseline alone, '
+                    'one document; world_top3: the same with the null '
+                    'document and the top 3 (8 in all by default); '
+                    'world_small: its REALM and baseline alone, '
                     'in a smaller world (the learning test\'s).')
 
   data = command('data', help='Build and annotate corpora.')
@@ -581,10 +595,19 @@ def _demo(args) -> None:
   from realm_jax import demo  # pylint: disable=g-import-not-at-top
   work_dir = args.work_dir or os.path.join('runs', args.preset)
   docs_dir = os.fspath(demo.DOCS_RESULTS) if args.record else None
+  if args.repeats < 1:
+    raise errors.BadConfig(f'--repeats={args.repeats}: at least 1.')
   if args.preset.startswith('world'):
     from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
-    world_demo.run(work_dir, args.preset, docs_dir)
+    if args.repeats > 1:
+      world_demo.run_repeats(work_dir, args.preset, docs_dir, args.repeats,
+                             args.lockstep)
+    else:
+      world_demo.run(work_dir, args.preset, docs_dir, lockstep=args.lockstep)
     return
+  if args.repeats > 1 or args.lockstep:
+    raise errors.BadConfig(f'--repeats and --lockstep are for the world '
+                           f'presets, not --preset={args.preset}.')
   demo.run(work_dir, args.preset, docs_dir)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from etils import epath
 
 from launch import local
-from realm_jax import errors, extras
+from realm_jax import errors, extras, repeats
 from realm_jax.data import corpus, corpus_changes, example_arrays, world
 from realm_jax.evaluation import bootstrap, masked_lm
 from realm_jax.training import curves, input_pipeline, run_loader, trainer
@@ -54,6 +54,18 @@ ICT_WHY = (
     'match names, not which of the people who share a first name a query '
     'is about. With random towers, the first retrieved block is the right '
     'one for 1% of queries and no signal reaches the retriever.')
+REFRESH_MODES = {
+    'async': 'as soon as the builder can (the paper\'s asynchronous refresh)',
+    'lockstep': 'on a fixed schedule (lockstep): step s reads the index of '
+                'the last multiple of the interval before the current one, '
+                'waited for if the builder is late'}
+LOCKSTEP_WHY = (
+    'With the asynchronous builder, a REALM step retrieves from whichever '
+    'index the builder had published by then, so two runs of one seed '
+    'differ with the load on the machine. With `--lockstep`, step s '
+    'retrieves from the index of step {i} (floor(s / {i}) - 1), waited for '
+    'if late: each run depends on its seed alone. The {f}x stale run then '
+    'serves its first index until step {stale}.')
 READER_WHY = (
     'The paper starts its reader from BERT, which already reads. A small '
     'BERT trained from nothing copies a value out of a block only after '
@@ -72,22 +84,33 @@ class WorldPreset:
   pretrain_steps: int
   refresh_interval: int
   batch_size: int = 16
+  # REALM's candidates, the null document included (the paper's 8; the
+  # top 3 of the first world runs left the retriever one query template
+  # of two in most runs: docs/RESULTS.md).
+  candidates: int = 8
   ablations: bool = True  # The stale run and the edit check.
   eval_every: int = 25  # Held-out recall@1 and accuracy while training.
 
 
+WORLD = world.WorldSpec(people=1000, first_names=40, last_names=40)
 PRESETS = {
     'world': WorldPreset(
-        world.WorldSpec(people=1000, first_names=40, last_names=40),
+        WORLD,
         ict_steps=300, reader_steps=500, pretrain_steps=200,
         refresh_interval=5),
+    # The world as first run, with the null document and the top 3: the
+    # lever the default's 8 candidates were measured against.
+    'world_top3': WorldPreset(
+        WORLD,
+        ict_steps=300, reader_steps=500, pretrain_steps=200,
+        refresh_interval=5, candidates=4),
     # tests/test_world.py's learning test: one attribute, 300 people, REALM,
     # its baseline, its start and its control (the towers frozen).
     'world_small': WorldPreset(
         world.WorldSpec(people=300, no_document=20, attributes=('hometown',),
                         first_names=10, last_names=40, edited=0),
         ict_steps=60, reader_steps=80, pretrain_steps=60,
-        refresh_interval=5, ablations=False),
+        refresh_interval=5, candidates=4, ablations=False),
 }
 
 
@@ -125,15 +148,17 @@ def make_world(spec: world.WorldSpec) -> dict:
           'corpus_fingerprint': metadata['corpus_fingerprint']}
 
 
-def train_ict(model_dir: str, sizes: WorldPreset) -> None:
+def train_ict(model_dir: str, sizes: WorldPreset, seed: int = 0) -> None:
   _train(model_dir, 'ict', f'--gin.train.num_steps={sizes.ict_steps}',
+         f'--gin.train.seed={seed}',
          f'--gin.train.checkpoint_every={sizes.ict_steps}',
          '--gin.train.batch_size=64', '--gin.bert_adamw.learning_rate=2e-3',
          f'--gin.bert_adamw.warmup_steps={max(sizes.ict_steps // 10, 1)}')
 
 
-def train_reader(model_dir: str, sizes: WorldPreset) -> None:
+def train_reader(model_dir: str, sizes: WorldPreset, seed: int = 0) -> None:
   _train(model_dir, 'pretrain', f'--gin.train.num_steps={sizes.reader_steps}',
+         f'--gin.train.seed={seed}',
          f'--gin.train.checkpoint_every={sizes.reader_steps}',
          '--gin.train.batch_size=32', '--gin.Pretrain.num_candidates=1',
          '--gin.Pretrain.source_block_rate=1.0',
@@ -142,13 +167,19 @@ def train_reader(model_dir: str, sizes: WorldPreset) -> None:
 
 def pretrain(model_dir: str, ict_dir: str, reader_dir: str,
              sizes: WorldPreset, *bindings: str,
-             with_refresh: bool = True) -> dict:
-  """REALM from the two warm starts; with `with_refresh`, the index builder
-  beside the trainer re-embeds a checkpoint every `refresh_interval` steps
-  (`bindings`: the ablations)."""
+             stale_factor: int | None = 1, seed: int = 0,
+             lockstep: bool = False) -> dict:
+  """REALM from the two warm starts (`bindings`: the ablations). With a
+  `stale_factor`, the index builder beside the trainer re-embeds a
+  checkpoint every `refresh_interval` x `stale_factor` steps: as soon as
+  it can (the paper's asynchronous refresh), or, with `lockstep`, on
+  `IndexClient`'s fixed schedule, so that what the trainer retrieves from
+  does not depend on how fast the builder is (see `LOCKSTEP_WHY`). None:
+  no builder."""
   interval = sizes.refresh_interval
   flags = [f'--gin.train.num_steps={sizes.pretrain_steps}',
            f'--gin.train.batch_size={sizes.batch_size}',
+           f'--gin.train.seed={seed}',
            '--gin.train.log_every=1',
            f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
            f'--gin.Pretrain.reader_model_dir="{reader_dir}"',
@@ -156,8 +187,13 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str,
            f'--gin.run_refresh.refresh_interval_steps={interval}',
            f'--gin.train.eval_every={sizes.eval_every}',
            '--gin.train.eval_batches=8',
+           f'--gin.Pretrain.num_candidates={sizes.candidates}',
            *(f'--gin.{b}' for b in bindings)]
-  if with_refresh:
+  if stale_factor is not None:
+    flags.append(f'--gin.run_refresh.stale_factor={stale_factor}')
+    if lockstep:
+      flags.append('--gin.IndexClient.lockstep_interval='
+                   f'{interval * stale_factor}')
     local.run(model_dir,
               train_args=['--gin_file=gin/runs/pretrain.gin',
                           f'--gin_file={SETUP}', *flags],
@@ -254,8 +290,11 @@ def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
 
 
 def run(work_dir: str = 'runs/world', preset: str = 'world',
-        docs_dir: str | None = None) -> dict:
-  """Every stage in order; returns (and writes) the results."""
+        docs_dir: str | None = None, seed: int = 0,
+        lockstep: bool = False) -> dict:
+  """Every stage in order, each run's parameters, dropout and data order
+  from `seed` (the world itself is the preset's); returns (and writes) the
+  results."""
   from realm_jax import demo  # pylint: disable=g-import-not-at-top
   if preset not in PRESETS:
     raise errors.BadConfig(f'preset={preset!r}; expected one of '
@@ -270,7 +309,8 @@ def run(work_dir: str = 'runs/world', preset: str = 'world',
   d = lambda name: os.path.join(work_dir, name)
   results = {'preset': preset, 'spec': dataclasses.asdict(sizes.spec),
              'sizes': {k: v for k, v in dataclasses.asdict(sizes).items()
-                       if k != 'spec'}}
+                       if k != 'spec'},
+             'seed': seed, 'refresh': 'lockstep' if lockstep else 'async'}
   timings = {}
 
   def stage(name, fn, *args, **kwargs):
@@ -280,21 +320,22 @@ def run(work_dir: str = 'runs/world', preset: str = 'world',
 
   results['world'] = stage('world', make_world, sizes.spec)
   results['machine'] = stages.run('machine', demo.machine)
-  stage('ict', train_ict, d('ict'), sizes)
-  stage('reader', train_reader, d('reader'), sizes)
-  runs = {'realm': ((), True), 'baseline': (('Pretrain.num_candidates=1',),
-                                            False),
+  stage('ict', train_ict, d('ict'), sizes, seed)
+  stage('reader', train_reader, d('reader'), sizes, seed)
+  # Each run's bindings and its index builder's stale factor (None: none).
+  runs = {'realm': ((), 1), 'baseline': (('Pretrain.num_candidates=1',),
+                                         None),
           'frozen': ((f'bert_adamw.retriever_frozen_steps='
-                      f'{sizes.pretrain_steps}',), False),
+                      f'{sizes.pretrain_steps}',), None),
           # Scored as the others are, on the same queries: where they began.
           'start': (('train.num_steps=0', 'bert_adamw.warmup_steps=0'),
-                    False)}
+                    None)}
   if sizes.ablations:
-    runs['stale'] = ((f'run_refresh.stale_factor={STALE_FACTOR}',), True)
-  for name, (bindings, refresh) in runs.items():
+    runs['stale'] = ((), STALE_FACTOR)
+  for name, (bindings, factor) in runs.items():
     results[f'pretrain_{name}'] = stage(
         f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
-        *bindings, with_refresh=refresh)
+        *bindings, stale_factor=factor, seed=seed, lockstep=lockstep)
   results['held_out'] = {
       name: stage(f'score_{name}', score, d(name), d('eval'), name)
       for name in runs}
@@ -366,8 +407,71 @@ def _unpaired(a, b, samples: int = bootstrap.SAMPLES) -> dict:
           'excludes_zero': bool(low > 0 or high < 0)}
 
 
+# The comparisons' paths in `comparisons` -> (label, digits), as reported.
+COMPARISONS = {
+    'realm_vs_baseline/masked_token_accuracy': (
+        'held-out fill accuracy (%): REALM vs the no-retrieval baseline', 1),
+    'realm_vs_prior/masked_token_accuracy': (
+        'held-out fill accuracy (%): REALM vs the value prior', 1),
+    'baseline_vs_prior/masked_token_accuracy': (
+        'held-out fill accuracy (%): the baseline vs the value prior', 1),
+    'realm_vs_start/recall@1': (
+        "held-out recall@1 of the person's document (%): REALM vs its start",
+        1),
+    'realm_vs_start/masked_token_accuracy': (
+        'held-out fill accuracy (%): REALM vs its start', 1),
+    'realm_vs_frozen/recall@1': (
+        "held-out recall@1 of the person's document (%): REALM vs the "
+        'frozen retriever', 1),
+    'realm_vs_frozen/masked_token_accuracy': (
+        'held-out fill accuracy (%): REALM vs the frozen retriever', 1),
+    'realm_vs_stale/recall@1': (
+        f'held-out recall@1 (%): fresh vs {STALE_FACTOR}x stale index', 1),
+    'realm_vs_stale/masked_token_accuracy': (
+        f'held-out fill accuracy (%): fresh vs {STALE_FACTOR}x stale index',
+        1),
+    'p_null/interval': (
+        'p(null | x): people without a document vs with one', 3),
+}
+
 GOALS = {'held_out_accuracy': 80.0, 'baseline_to_prior': 2.0,
-         'recall@1': 90.0, 'edited': 90.0}
+         'recall@1': 90.0, 'edited': 90.0, 'minutes': 10.0}
+
+
+def figures(results: dict) -> dict[str, float | None]:
+  """A run's headline figures: what the goals and the README quote."""
+  held, c = results['held_out'], results['comparisons']
+  templates = c['recall@1_by_template'].get('realm') or [None, None]
+  edit = results.get('edit')
+  percent = lambda x: None if x is None else 100 * x
+  return {
+      'held-out fill accuracy of REALM (%)': percent(
+          held['realm']['masked_token_accuracy']),
+      'held-out recall@1 of REALM (%)': percent(held['realm']['recall@1']),
+      'recall@1, template 1 (%)': percent(templates[0]),
+      'recall@1, template 2 (%)': percent(templates[1]),
+      'edited facts answered with the new value (%)': percent(
+          edit and edit['answered_new_value']),
+      'whole preset (minutes)': sum(results['timings'].values()) / 60}
+
+
+# Goals on comparisons: path -> label.
+COMPARISON_GOALS = {
+    'baseline_vs_prior/masked_token_accuracy':
+        '|baseline - value prior| (points)',
+    'realm_vs_frozen/recall@1': 'frozen retriever below on recall@1',
+    'realm_vs_stale/recall@1': f'{STALE_FACTOR}x stale below fresh on recall@1',
+    'realm_vs_stale/masked_token_accuracy':
+        f'{STALE_FACTOR}x stale below fresh on accuracy'}
+# Goals on the figures above: (figure, target, met).
+FIGURE_GOALS = (
+    ('held-out fill accuracy of REALM (%)', '>= 80',
+     lambda v: v >= GOALS['held_out_accuracy']),
+    ('held-out recall@1 of REALM (%)', '>= 90',
+     lambda v: v >= GOALS['recall@1']),
+    ('edited facts answered with the new value (%)', '>= 90',
+     lambda v: v >= GOALS['edited']),
+    ('whole preset (minutes)', '<= 10', lambda v: v <= GOALS['minutes']))
 
 
 def _row(label: str, interval: dict | None, digits: int = 1) -> str:
@@ -380,9 +484,32 @@ def _row(label: str, interval: dict | None, digits: int = 1) -> str:
           f'{bootstrap.describe(interval, digits)} | {verdict} |')
 
 
-def _goal(label: str, value: float | None, goal: str, met: bool) -> str:
-  shown = '-' if value is None else f'{value:.1f}'
-  return f'| {label} | {shown} | {goal} | {"met" if met else "missed"} |'
+def goal_rows(values: dict[str, float | None], compared: dict[str, dict]
+              ) -> list[str]:
+  """The goals' table: `values` of `figures` (one run's, or the mean over
+  runs), and the comparisons of `COMPARISON_GOALS` (each interval, or each
+  run's `repeats` summary: then every run's interval must lie above 0)."""
+  lines = ['| goal | measured | target | |', '|---|---|---|---|']
+  row = lambda label, value, goal, met: (
+      f'| {label} | {"-" if value is None else f"{value:.1f}"} | {goal} | '
+      f'{"met" if met else "missed"} |')
+  for name, target, met in FIGURE_GOALS:
+    value = values.get(name)
+    lines.append(row(name, value, target, value is not None and met(value)))
+  for path, label in COMPARISON_GOALS.items():
+    d = compared.get(path)
+    if d is None:
+      lines.append(row(label, None, '> 0', False))
+      continue
+    value = d.get('difference', d.get('mean'))
+    if path.startswith('baseline_vs_prior'):
+      lines.append(row(label, abs(value), '<= 2',
+                       abs(value) <= GOALS['baseline_to_prior']))
+    else:
+      above = (d['runs_above_zero'] == len(d['intervals'])
+               if 'intervals' in d else d['low'] > 0)
+      lines.append(row(label, value, '> 0, interval above 0', above))
+  return lines
 
 
 def _edit_markdown(edit: dict | None) -> list[str]:
@@ -406,20 +533,13 @@ def markdown(results: dict) -> str:
   c = results['comparisons']
   spec, sizes, m = results['spec'], results['sizes'], results['machine']
   held = results['held_out']
-  realm = held['realm']
-  accuracy = 100 * realm['masked_token_accuracy']
-  recall = 100 * realm['recall@1']
-  baseline_gap = abs(c['baseline_vs_prior']['masked_token_accuracy'][
-      'difference'])
   edit = results.get('edit')
-  stale = c.get('realm_vs_stale')
-  frozen = c.get('realm_vs_frozen')
-  start = c.get('realm_vs_start')
-  excludes = lambda i: bool(i and i['excludes_zero'] and i['difference'] > 0)
+  intervals = repeats.intervals(c)
   lines = [
       '# realm-jax `world`: REALM in a controlled knowledge world', '',
       f'Machine: {m["cpu"]}, {m["cores"]} cores, 2048^3 float32 matmul '
-      f'{m["matmul_2048_gflops"]} GFLOP/s in JAX. Whole preset: '
+      f'{m["matmul_2048_gflops"]} GFLOP/s in JAX. Commit: '
+      f'{m.get("commit") or "not recorded"}. Whole preset: '
       f'{sum(results["timings"].values()) / 60:.1f} minutes.', '',
       f'The world (`realm_jax/data/world.py`, seed {spec["seed"]}): '
       f'{spec["people"]:,} people with a document, '
@@ -434,10 +554,12 @@ def markdown(results: dict) -> str:
       f'Stages: ICT {sizes["ict_steps"]} steps of batch 64; the reader\'s '
       f'warm start {sizes["reader_steps"]} steps of batch 32; then REALM '
       f'{sizes["pretrain_steps"]} steps of batch {sizes["batch_size"]}, '
-      'the null document and the top 3, the index builder beside the '
+      f'the null document and the top {sizes.get("candidates", 4) - 1}, '
+      'the index builder beside the '
       f'trainer re-embedding a checkpoint every {sizes["refresh_interval"]} '
       f'steps (the stale run: every {sizes["refresh_interval"] * STALE_FACTOR}'
-      '). The baseline (the null document alone) and the frozen retriever '
+      f'), {REFRESH_MODES[results.get("refresh", "async")]}. Seed '
+      f'{results.get("seed", 0)}. The baseline (the null document alone) and the frozen retriever '
       'train for the same steps from the same warm starts; the start is the '
       'same run trained for no step.', '',
       f'Why ICT: {ICT_WHY}', '', f'Why the reader\'s warm start: {READER_WHY}',
@@ -447,47 +569,10 @@ def markdown(results: dict) -> str:
       f'interval ({bootstrap.SAMPLES:,} resamples).', '',
       '| comparison | A | B | A - B [95% interval] | verdict |',
       '|---|---|---|---|---|',
-      _row('held-out fill accuracy (%): REALM vs the no-retrieval baseline',
-           c['realm_vs_baseline']['masked_token_accuracy']),
-      _row('held-out fill accuracy (%): REALM vs the value prior',
-           c['realm_vs_prior']['masked_token_accuracy']),
-      _row('held-out fill accuracy (%): the baseline vs the value prior',
-           c['baseline_vs_prior']['masked_token_accuracy']),
-      _row('held-out recall@1 of the person\'s document (%): REALM vs its '
-           'start', start and start['recall@1']),
-      _row('held-out fill accuracy (%): REALM vs its start',
-           start and start['masked_token_accuracy']),
-      _row('held-out recall@1 of the person\'s document (%): REALM vs the '
-           'frozen retriever', frozen and frozen['recall@1']),
-      _row('held-out fill accuracy (%): REALM vs the frozen retriever',
-           frozen and frozen['masked_token_accuracy']),
-      _row(f'held-out recall@1 (%): fresh vs {STALE_FACTOR}x stale index',
-           stale and stale['recall@1']),
-      _row(f'held-out fill accuracy (%): fresh vs {STALE_FACTOR}x stale '
-           'index', stale and stale['masked_token_accuracy']),
-      _row('p(null | x): people without a document vs with one',
-           c['p_null']['interval'], 3),
+      *(_row(label, intervals.get(path), digits)
+        for path, (label, digits) in COMPARISONS.items()),
       *_edit_markdown(edit),
-      '## Goals', '', '| goal | measured | target | |', '|---|---|---|---|',
-      _goal('held-out fill accuracy of REALM (%)', accuracy, '>= 80',
-            accuracy >= GOALS['held_out_accuracy']),
-      _goal('|baseline - value prior| (points)', baseline_gap, '<= 2',
-            baseline_gap <= GOALS['baseline_to_prior']),
-      _goal('recall@1 at the end (%)', recall, '>= 90',
-            recall >= GOALS['recall@1']),
-      _goal('frozen retriever below, interval excluding 0',
-            frozen and frozen['recall@1']['difference'], '> 0',
-            excludes(frozen and frozen['recall@1'])),
-      _goal(f'{STALE_FACTOR}x stale below fresh on recall@1',
-            stale and stale['recall@1']['difference'], '> 0',
-            excludes(stale and stale['recall@1'])),
-      _goal(f'{STALE_FACTOR}x stale below fresh on accuracy',
-            stale and stale['masked_token_accuracy']['difference'], '> 0',
-            excludes(stale and stale['masked_token_accuracy'])),
-      _goal('edited facts answered with the new value (%)',
-            edit and 100 * edit['answered_new_value'], '>= 90',
-            bool(edit) and 100 * edit['answered_new_value'] >= GOALS[
-                'edited']),
+      '## Goals', '', *goal_rows(figures(results), intervals),
       '', '## Held-out scores', '',
       '| model | queries | accuracy (%) | recall@1 (%) | -log p(y\\|x) | '
       'retrieval utility | mean p(null) |', '|---|---|---|---|---|---|---|']
@@ -542,10 +627,13 @@ def plot(results: dict, png_path: str) -> None:
   plt.close(figure)
 
 
-def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
-  """RESULTS.md, results.json and world.png in work_dir; with `docs_dir`
-  (`demo --record`) also <preset>.{md,json,png} there, the record."""
-  text = markdown(results)
+def report(results: dict, work_dir: str, docs_dir: str | None = None,
+           text: str | None = None, record: dict | None = None) -> None:
+  """RESULTS.md, results.json and world.png (of `results`) in work_dir;
+  with `docs_dir` (`demo --record`) also <preset>.{md,json,png} there, the
+  record. `text` and `record`: what to write instead of `results`' own
+  report (`run_repeats`')."""
+  text = text or markdown(results)
   outputs = [(epath.Path(work_dir), 'RESULTS.md', 'results.json',
               'world.png')]
   if docs_dir is not None:
@@ -554,6 +642,42 @@ def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
                     f'{preset}.png'))
   for out, md, js, png in outputs:
     (out / md).write_text(text)
-    (out / js).write_text(json.dumps(results, indent=2))
+    (out / js).write_text(json.dumps(record or results, indent=2))
     plot(results, os.fspath(out / png))
   print('\n' + text)
+
+
+def run_repeats(work_dir: str, preset: str, docs_dir: str | None,
+                runs: int, lockstep: bool = False) -> dict:
+  """The preset `runs` times, seeds 0 to runs - 1, each in
+  work_dir/seed_<s> (see `repeats`); the report puts each figure's mean
+  and range and each comparison's every interval first, then seed 0's
+  whole report."""
+  results = [run(repeats.run_dir(work_dir, seed), preset, None, seed,
+                 lockstep) for seed in range(runs)]
+  summary = repeats.spread(results, figures)
+  first = results[0]
+  interval = PRESETS[preset].refresh_interval
+  m = first['machine']
+  text = '\n'.join([
+      f'# realm-jax `{preset}` over {runs} runs: REALM in a controlled '
+      'knowledge world', '',
+      f'Machine: {m["cpu"]}, {m["cores"]} cores, 2048^3 float32 matmul '
+      f'{m["matmul_2048_gflops"]} GFLOP/s in JAX (the first run). Commit: '
+      f'{m.get("commit") or "not recorded"}. Seeds '
+      f'{", ".join(map(str, summary["seeds"]))}: each run\'s parameters, '
+      'dropout and data order; the world is the same. Index refresh: '
+      f'{REFRESH_MODES[first["refresh"]]}.', '', LOCKSTEP_WHY.format(
+          i=interval, f=STALE_FACTOR, stale=2 * interval * STALE_FACTOR), '',
+      '## Figures: the mean over runs, the range, every run', '',
+      *repeats.figure_rows(summary), '',
+      '## Goals, on the mean (comparisons: every run\'s interval above 0)',
+      '', *goal_rows({k: d['mean'] for k, d in summary['figures'].items()},
+                     summary['comparisons']), '',
+      '## Comparisons: each run\'s paired 95% interval, their mean and '
+      'range', '', *repeats.comparison_rows(summary, COMPARISONS), '',
+      '---', '', markdown(first).replace('# realm-jax `world`:',
+                                          '# Seed 0 in full:', 1)])
+  record = {'preset': preset, 'repeats': summary, 'runs': results}
+  report(first, work_dir, docs_dir, text, record)
+  return record

@@ -22,7 +22,7 @@ from orbax.checkpoint._src.path import step as orbax_step
 
 from realm_jax.data import corpus
 from realm_jax import run_directory
-from realm_jax.index import publication, refresh
+from realm_jax.index import client as client_lib, publication, refresh
 from realm_jax.index.client import IndexClient
 from tests.helpers import DIM, BuilderStandIn, trainer_writer
 
@@ -319,6 +319,19 @@ def test_lockstep_serves_the_schedule_and_asks_for_what_is_missing(
   client.refresh_for(6)
   assert client.index_step == 4 and waits == [4, 4, 4]
   assert run_directory.requested_index(model_dir) is None  # Withdrawn.
+  # Index 6 at step 8: the trainer's save of step 6 is still being written
+  # when the client first looks; it is listed at the second look and asked
+  # for, not refused.
+  looks = []
+  monkeypatch.setattr(time, 'sleep', lambda _: (
+      looks.append(run_directory.requested_index(model_dir)),
+      len(looks) == 2 and save(6),
+      len(looks) == 4 and builder.publish()))  # Step 6.
+  builder.publish()  # Step 5: not the schedule's.
+  client.refresh_for(8)
+  assert client.index_step == 6 and looks == [None, None, 6, 6]
+  monkeypatch.setattr(client_lib, 'SAVE_WAIT_SECONDS', 0.05)
+  monkeypatch.setattr(time, 'sleep', lambda _: None)
   with pytest.raises(RuntimeError, match='keeps no checkpoint or retriever '
                      'snapshot of it: save one at every multiple'):
-    client.refresh_for(8)  # Index 6: no checkpoint 6 to embed.
+    client.refresh_for(10)  # Index 8: no checkpoint 8 to embed.

@@ -31,6 +31,9 @@ from realm_jax.index import publication
 from realm_jax.index.exact import ExactSearcher
 
 log = logging.getLogger(__name__)
+# How long a lockstep trainer waits for its own background save of the step
+# it needs to be listed, before it says that step is not being kept.
+SAVE_WAIT_SECONDS = 120.0
 
 
 @gin.configurable
@@ -118,8 +121,14 @@ class IndexClient:
 
   def _ask_for(self, wanted: int, step: int) -> None:
     """Asks the builder for index `wanted` (again, every minute it is still
-    missing), once sure that the run keeps that step's towers to embed."""
-    if wanted not in run_directory.RetrieverSteps(self.model_dir).reload():
+    missing), once sure that the run keeps that step's towers to embed. The
+    trainer's save of that step may still be writing in the background: it
+    is waited for up to `SAVE_WAIT_SECONDS`."""
+    steps = run_directory.RetrieverSteps(self.model_dir)
+    deadline = time.monotonic() + SAVE_WAIT_SECONDS
+    while wanted not in steps.reload() and time.monotonic() < deadline:
+      time.sleep(self.poll_seconds)
+    if wanted not in steps.reload():
       raise RuntimeError(
           f'Step {step} is to retrieve from the index of step {wanted} '
           f'(IndexClient.lockstep_interval={self.lockstep_interval}), but '
