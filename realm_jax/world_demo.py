@@ -1,9 +1,10 @@
 """`realm-jax demo --preset=world`: REALM's claims in a controlled world.
 
-On the real miniature no comparison leaves its noise (docs/RESULTS.md). In
-the knowledge world of `data.world` each fact is in exactly one document,
-so the four claims of the paper can be shown on 2 cores, through the real
-trainer, the index builder as a separate process and the living corpus:
+On the real miniature REALM's gain in accuracy stays inside its noise
+(docs/RESULTS.md). In the knowledge world of `data.world` each fact is in
+exactly one document, so the four claims of the paper can be shown on 2
+cores, through the real trainer, the index builder as a separate process
+and the living corpus:
 
 1. the retriever learns from the masked-LM signal alone: REALM against the
    same run with its towers frozen at their start, and against its start

@@ -3,6 +3,7 @@ for the lock), the layout recorded and checked, a damaged newest checkpoint
 set aside for the step before, a checkpoint of other code refused, and a
 save on a full disk stopped naming the last good step."""
 
+import contextlib
 import errno
 import json
 import logging
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.filterwarnings(
 # A trainer stand-in: takes the lock, says so, and waits to be killed.
 HOLD_LOCK = ('import sys, time\n'
              'from realm_jax import run_guard\n'
-             'run_guard.TrainerLock(sys.argv[1]).acquire()\n'
+             'getattr(run_guard, sys.argv[2])(sys.argv[1]).acquire()\n'
              'print("held", flush=True)\n'
              'time.sleep(300)\n')
 
@@ -75,25 +76,54 @@ def _step_dir(model_dir, step):
 # 1. One trainer per model_dir.
 
 
+@contextlib.contextmanager
+def _held_elsewhere(model_dir: str, lock: str):
+  """A process holding run_guard.<lock> on model_dir until killed."""
+  holder = subprocess.Popen(
+      [sys.executable, '-c', HOLD_LOCK, model_dir, lock], cwd=REPO,
+      stdout=subprocess.PIPE)
+  try:
+    assert holder.stdout.readline() == b'held\n'
+    yield holder
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+
+
 @pytest.mark.integration
 def test_a_second_trainer_is_refused_until_the_first_is_killed(tmp_path):
   model_dir = str(tmp_path / 'run')
-  holder = subprocess.Popen([sys.executable, '-c', HOLD_LOCK, model_dir],
-                            cwd=REPO, stdout=subprocess.PIPE)
-  try:
-    assert holder.stdout.readline() == b'held\n'
+  with _held_elsewhere(model_dir, 'TrainerLock') as holder:
     with pytest.raises(errors.TrainerRunning) as refused:
       run_guard.TrainerLock(model_dir).acquire()
     assert str(refused.value).startswith(
         f'{model_dir} is being trained by pid {holder.pid} on host '
         f'{socket.gethostname()}; stop it first, or use another model_dir')
-  finally:
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
   # The kernel dropped the lock of the killed holder.
   with run_guard.TrainerLock(model_dir) as lock:
     with open(lock.path, encoding='utf-8') as f:
       assert json.load(f)['pid'] == os.getpid()
+
+
+@pytest.mark.integration
+def test_a_second_index_builder_is_refused_in_one_line(tmp_path,
+                                                       small_corpus):
+  """`realm-jax refresh` on a run whose builder is running stops at
+  once, exit code 2, naming the first; the trainer's lock is another."""
+  model_dir = str(tmp_path / 'run')
+  with _held_elsewhere(model_dir, 'BuilderLock') as holder:
+    second = subprocess.run(
+        [sys.executable, '-m', 'realm_jax.main', 'refresh',
+         f'--model_dir={model_dir}',
+         f'--corpus_dir={os.path.join(small_corpus, "wiki_leads")}',
+         '--gin_file=gin/models/tiny.gin'],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stderr
+    assert (f'{model_dir} has an index builder: pid {holder.pid} on host '
+            f'{socket.gethostname()}; stop it first') in second.stderr
+    assert 'Traceback' not in second.stderr
+    with run_guard.TrainerLock(model_dir):  # A trainer may still start.
+      pass
 
 
 @pytest.mark.unit
@@ -112,7 +142,7 @@ def test_only_process_0_of_a_local_directory_takes_the_lock(
   with caplog.at_level(logging.INFO, logger='realm_jax'):
     with run_guard.TrainerLock('gs://bucket/run'):
       pass
-  assert 'No trainer lock on gs://bucket/run' in caplog.text
+  assert 'No trainer.lock on gs://bucket/run' in caplog.text
   monkeypatch.setenv('JAX_PROCESS_ID', '1')
   with run_guard.TrainerLock(str(tmp_path)):
     assert not os.path.exists(tmp_path / run_guard.LOCK)

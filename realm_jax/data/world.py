@@ -58,7 +58,7 @@ VALUES = {
 # sentence's first words: ICT's pseudo-queries are these sentences, and
 # towers that learned to match names at the start of a text alone found
 # the document of 99% of the queries that start with the name and of 0.5%
-# of the others (docs/RESULTS.md).
+# of the others (docs/levers.md).
 DOCUMENT_TEMPLATES = {
     'hometown': 'The city of {v} is where {n} grew up.',
     'birth_year': 'In the year {v}, {n} was born.',

@@ -24,7 +24,7 @@ import gin
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed, errors, run_directory
+from realm_jax import distributed, errors, run_directory, run_guard
 from realm_jax.data import corpus
 from realm_jax.index import publication
 from realm_jax.index.embed import DocumentEmbedder, local_block_arrays
@@ -143,11 +143,19 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
                            f'{publication.SEARCHERS}.')
   corpus.load_metadata(corpus_dir)  # A missing corpus: refused, not awaited.
   distributed.initialize()
+  with run_guard.BuilderLock(model_dir):
+    return _refresh_until_done(model_dir, corpus_dir, searcher, poll_seconds,
+                               batch_size, max_to_keep, block_length,
+                               refresh_interval_steps * stale_factor)
+
+
+def _refresh_until_done(model_dir, corpus_dir, searcher, poll_seconds,
+                        batch_size, max_to_keep, block_length,
+                        interval) -> int:
   while not epath.Path(run_directory.checkpoints_dir(model_dir)).is_dir():
     time.sleep(poll_seconds)
   builder = IndexBuilder(model_dir, corpus_dir, searcher, batch_size,
-                         max_to_keep, block_length,
-                         refresh_interval_steps * stale_factor)
+                         max_to_keep, block_length, interval)
   log.info('index builder: %s blocks, polling %s (last index step %s), '
            'embedding a step every %d steps',
            f'{builder.corpus_metadata["num_blocks"]:,}', model_dir, builder.last,

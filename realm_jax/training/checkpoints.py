@@ -73,6 +73,7 @@ class Checkpoints:
             options=_writer_options(max_to_keep=keep)))
     # (manager, step) of the save running in the background.
     self._writing = None
+    self._closed = False
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -185,10 +186,30 @@ class Checkpoints:
       run_directory.empty_trash(manager.directory)
 
   def close(self) -> None:
+    if self._closed:
+      return
     self._finish_writing()
     for manager in self._managers():
       manager.close()
       run_directory.empty_trash(manager.directory)
+    self._closed = True
+
+  def __enter__(self) -> 'Checkpoints':
+    return self
+
+  def __exit__(self, unused_kind, error, unused_traceback) -> None:
+    """Closes, on an error too: what Orbax runs in the background (a save,
+    its clean-up of temporary paths) ends before the error is reported,
+    not while the interpreter shuts down under it (a second traceback, a
+    temporary directory left behind)."""
+    if error is None:
+      self.close()
+      return
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except
+      log.warning('Closing %s after an error failed too.', self.directory,
+                  exc_info=True)
 
   def _managers(self) -> list[ocp.CheckpointManager]:
     return [m for m in (self.manager, self.snapshots) if m is not None]

@@ -131,7 +131,7 @@ class Pretrain(RunKind):
       copy a span from the text it reads as well as to predict without it.
     null_score_offset: None scores the null document as the paper does, by
       the document tower's embedding of an empty block; its f(x, null) then
-      sits tens of nats below the retrieved blocks (docs/RESULTS.md). A
+      sits tens of nats below the retrieved blocks (docs/levers.md). A
       number d scores it max_z f(x, z) - d over the retrieved blocks (no
       gradient through the max), so that the marginal can fall back on
       reading nothing when the blocks do not help. Not the paper's.

@@ -10,6 +10,7 @@ order unchanged, stops on a non-finite loss, and writes metrics (see
 `metric_writer`) and a progress line.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -313,13 +314,15 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   distributed.initialize()
   model_dir = run_directory.absolute(model_dir)
   # One trainer per run directory, and only on a layout this code reads.
-  with run_guard.TrainerLock(model_dir):
+  with contextlib.ExitStack() as held:
+    held.enter_context(run_guard.TrainerLock(model_dir))
     run_guard.check_format(model_dir)
     mesh = partitioning.make_mesh()
     trainer = Trainer(run.objective, mesh, num_steps, seed)
     preparer = run.batch_preparer(model_dir, mesh)
-    checkpoints = Checkpoints(model_dir, checkpoint_every, keep_checkpoints,
-                              retriever_every)
+    # Closed however the run ends, before the lock goes.
+    checkpoints = held.enter_context(Checkpoints(
+        model_dir, checkpoint_every, keep_checkpoints, retriever_every))
     data_shards = data_shards or jax.process_count()
     position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
                 **input_pipeline.Examples().position(run.task, data_shards)}

@@ -1,0 +1,243 @@
+"""The figures the README and docs/RESULTS.md quote, made from the record.
+
+The record is docs/results/<preset>.json, which `realm-jax demo --record`
+writes. A figure quoted in a document sits in a marked span,
+
+    <!-- record:NAME -->the text<!-- /record -->
+
+and `render` rewrites each span's text from the record (`FIGURES[NAME]`),
+so that no quoted number is typed by hand. `python -m realm_jax.record`
+rewrites the documents in place; `--check` lists each span whose text is
+not what its source gives, and exits 1 (tests/test_record.py runs it).
+"""
+
+import argparse
+import functools
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, 'docs', 'results')
+DOCUMENTS = ('README.md', os.path.join('docs', 'RESULTS.md'))
+SPAN = re.compile(r'<!-- record:([\w.-]+) -->(.*?)<!-- /record -->', re.S)
+
+
+def load(preset: str, results_dir: str = RESULTS) -> dict:
+  with open(os.path.join(results_dir, f'{preset}.json')) as f:
+    return json.load(f)
+
+
+def _signed(x: float, digits: int = 1) -> str:
+  return f'{x:+.{digits}f}'
+
+
+def interval(i: dict, digits: int = 1) -> str:
+  """'+1.2 [+0.4, +2.0]'."""
+  return (f'{_signed(i["difference"], digits)} [{_signed(i["low"], digits)}, '
+          f'{_signed(i["high"], digits)}]')
+
+
+def verdict(i: dict) -> str:
+  if i['low'] > 0:
+    return 'above 0'
+  return 'below 0' if i['high'] < 0 else 'inside the noise'
+
+
+def machine(m: dict) -> str:
+  """'2 cores of an AMD EPYC (2048^3 float32 matmul 453 GFLOP/s)', or the
+  accelerator."""
+  if m.get('device'):
+    return (f'one {m["device"]} (bfloat16 matmul {m["bf16_matmul_tflops"]:.0f}'
+            ' TFLOP/s)')
+  return (f'{m["cores"]} cores of an {m["cpu"]} (2048³ float32 matmul '
+          f'{m["matmul_2048_gflops"]:.0f} GFLOP/s)')
+
+
+def provenance(runs: int, m: dict, minutes: float) -> str:
+  run = '1 run' if runs == 1 else f'the mean of {runs} runs'
+  return (f'{run}, commit {m.get("commit") or "not recorded"}, on '
+          f'{machine(m)}, {minutes:.1f} minutes a run')
+
+
+def world_table(results_dir: str = RESULTS) -> str:
+  """The world preset's headline figures over its runs."""
+  from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
+  record = load('world', results_dir)
+  summary, first = record['repeats'], record['runs'][0]
+  figures, compared = summary['figures'], summary['comparisons']
+  runs = summary['runs']
+  value = lambda d: f'{d["mean"]:.1f} ({d["min"]:.1f} to {d["max"]:.1f})'
+  minutes = figures['whole preset (minutes)']['mean']
+  lines = [f'| `realm-jax demo --preset=world`: '
+           f'{provenance(runs, first["machine"], minutes)} | mean (range) |',
+           '|---|---|']
+  lines += [f'| {name} | {value(d)} |' for name, d in figures.items()
+            if name != 'whole preset (minutes)']
+  for path in ('realm_vs_frozen/recall@1', 'realm_vs_stale/recall@1',
+               'realm_vs_baseline/masked_token_accuracy'):
+    d, (label, _) = compared[path], world_demo.COMPARISONS[path]
+    lines.append(f'| {label}, A - B | {_signed(d["mean"])} '
+                 f'({_signed(d["min"])} to {_signed(d["max"])}); the '
+                 f'interval above 0 in {d["runs_above_zero"]} of {runs} |')
+  return '\n'.join(lines)
+
+
+def world_comparisons(results_dir: str = RESULTS) -> str:
+  """Every comparison of the world preset, each run's interval beside
+  the mean and range."""
+  from realm_jax import repeats, world_demo  # pylint: disable=g-import-not-at-top
+  summary = load('world', results_dir)['repeats']
+  return '\n'.join(repeats.comparison_rows(summary, world_demo.COMPARISONS))
+
+
+def world_levers(results_dir: str = RESULTS) -> str:
+  """The world's figures with the top 3 and with the top 7 (the paper's
+  8 candidates, the null document included), each over its runs."""
+  records = [(preset, load(preset, results_dir)['repeats'])
+             for preset in ('world_top3', 'world')]
+  value = lambda d: (f'{d["mean"]:.1f} ({d["min"]:.1f} to {d["max"]:.1f})'
+                     if d['mean'] is not None else '-')
+  lines = ['| figure, mean (range) | ' + ' | '.join(
+      f'{p["runs"]} runs of `{name}`' for name, p in records) + ' |',
+           '|---|' + '---|' * len(records)]
+  for name in records[0][1]['figures']:
+    lines.append(f'| {name} | ' + ' | '.join(
+        value(p['figures'][name]) for _, p in records) + ' |')
+  return '\n'.join(lines)
+
+
+def demo_table(results_dir: str = RESULTS, preset: str = 'demo') -> str:
+  """The demo's two core checks, each with its paired interval."""
+  r = load(preset, results_dir)
+  c = r['comparisons']
+  minutes = sum(r['timings'].values()) / 60
+  rows = [('held-out masked accuracy (%): REALM vs the trained baseline',
+           c['masked_lm']['realm_vs_baseline']['masked_token_accuracy'], 2)]
+  if 'recall' in c:
+    rows.append(('NQ recall@5 (%): REALM vs its ICT start',
+                 c['recall']['realm_vs_ict']['recall@5'], 2))
+  lines = [f'| `realm-jax demo --preset={preset}`: '
+           f'{provenance(1, r["machine"], minutes)} | A | B | '
+           'A - B [95% interval] | |', '|---|---|---|---|---|']
+  lines += [f'| {label} | {i["a"]:.{d}f} | {i["b"]:.{d}f} | '
+            f'{interval(i, d)} | {verdict(i)} |' for label, i, d in rows]
+  return '\n'.join(lines)
+
+
+def _comparison(preset: str, path: str, digits: int = 2,
+                results_dir: str = RESULTS) -> str:
+  c = load(preset, results_dir)['comparisons']
+  for key in path.split('/'):
+    c = c[key]
+  return interval(c, digits)
+
+
+def comparisons(preset: str, results_dir: str = RESULTS) -> str:
+  """A demo preset's comparisons table, as its own report gives it."""
+  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  return '\n'.join(demo.comparison_rows(load(preset, results_dir)))
+
+
+def fine_tuning(results_dir: str = RESULTS) -> str:
+  """The end-to-end preset's fine-tuning comparisons and their cost."""
+  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  r = load('end_to_end', results_dir)
+  lines = demo.end_to_end_markdown(r, r['sizes'])
+  return '\n'.join(lines[lines.index('') + 3:])  # From its text on.
+
+
+def preset_provenance(preset: str, results_dir: str = RESULTS) -> str:
+  r = load(preset, results_dir)
+  return provenance(1, r['machine'], sum(r['timings'].values()) / 60)
+
+
+DEMO_PRESETS = ('demo', 'reproduce', 'end_to_end', 'gpu')
+FIGURES: dict[str, Callable[[str], str]] = {
+    **{f'{p}.comparisons': functools.partial(comparisons, p)
+       for p in DEMO_PRESETS},
+    **{f'{p}.provenance': functools.partial(preset_provenance, p)
+       for p in DEMO_PRESETS},
+    'end_to_end.fine_tuning': fine_tuning,
+    'world.table': world_table,
+    'world.comparisons': world_comparisons,
+    'world.levers': world_levers,
+    'demo.table': demo_table,
+    'gpu.table': lambda d: demo_table(d, 'gpu'),
+    'gpu.accuracy': lambda d: _comparison(
+        'gpu', 'masked_lm/realm_vs_baseline/masked_token_accuracy',
+        results_dir=d),
+}
+
+
+def render(text: str, results_dir: str = RESULTS) -> str:
+  """`text` with every marked span's text made from the record."""
+  def replace(match):
+    name = match.group(1)
+    if name not in FIGURES:
+      raise KeyError(f'No figure named {name!r} (realm_jax/record.py); '
+                     f'the figures: {", ".join(sorted(FIGURES))}.')
+    made = FIGURES[name](results_dir)
+    if '\n' in made:
+      made = f'\n{made}\n'
+    return f'<!-- record:{name} -->{made}<!-- /record -->'
+  return SPAN.sub(replace, text)
+
+
+def stale(text: str, results_dir: str = RESULTS) -> list[str]:
+  """The names of the spans whose text is not what the record gives."""
+  made = dict((m.group(1), m.group(2))
+              for m in SPAN.finditer(render(text, results_dir)))
+  return [m.group(1) for m in SPAN.finditer(text)
+          if m.group(2) != made[m.group(1)]]
+
+
+# A measured figure in prose: a decimal, a percentage, a ratio, or a number
+# with a unit of time, size, rate or loss.
+_NUMBER = r'(?<![\w.])(?<![A-Za-z]-)'  # Not inside a word, nor 'Apache-2.0'.
+_FIGURE = re.compile(
+    _NUMBER + r'\d[\d,]*(\.\d+)?\s?(%|×|x\b|min\b|minutes\b|s\b|ms\b|'
+    r'seconds\b|hours?\b|GiB\b|MiB\b|GB\b|MB\b|[GT]FLOP/s|points\b|'
+    r'nats?\b)|' + _NUMBER + r'\d+\.\d+(?![\w.])')
+# Settings, not measurements: a 95% interval, a 30x stale index.
+_SETTING = re.compile(r'\s(interval|stale)')
+# What is quoted as it is, not measured: code, links' targets, comments.
+_QUOTED = re.compile(r'```.*?```|`[^`]+`|\]\([^)]*\)|<!--.*?-->', re.S)
+
+
+def untraced(text: str) -> list[str]:
+  """The measured figures in `text` outside any marked span (and outside
+  code, links' targets and comments): each line's figures, by line."""
+  text = SPAN.sub(lambda m: ' ' * len(m.group(0)), text)
+  text = _QUOTED.sub(lambda m: re.sub(r'[^\n]', ' ', m.group(0)), text)
+  return [f'line {n}: {m.group(0)!r}'
+          for n, line in enumerate(text.splitlines(), 1)
+          for m in _FIGURE.finditer(line)
+          if not _SETTING.match(line, m.end())]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--check', action='store_true',
+                      help='List the stale figures and exit 1 if any.')
+  args = parser.parse_args(argv)
+  found = []
+  for name in DOCUMENTS:
+    path = os.path.join(REPO, name)
+    with open(path) as f:
+      text = f.read()
+    if args.check:
+      found += [f'{name}: {figure}' for figure in stale(text)]
+    else:
+      made = render(text)  # Whole before the file is opened for writing.
+      with open(path, 'w') as f:
+        f.write(made)
+  for line in found:
+    print(f'stale figure, not what docs/results gives: {line}')
+  return 1 if found else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
