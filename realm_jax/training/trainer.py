@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import time
 
 import gin
@@ -261,6 +262,17 @@ def held_out_metrics(run: RunKind, preparer: BatchPreparer, evaluate, mesh,
   return {name: value / count for name, value in totals.items()}
 
 
+def _remove_if_refused(model_dir: str, error: BaseException | None) -> None:
+  """A new model_dir whose run a user error stopped before its first
+  checkpoint is removed (the lock, the format file, an empty checkpoints
+  directory): the corrected command starts as on a fresh directory."""
+  if not isinstance(error, errors.UserError) or jax.process_index():
+    return
+  saved = os.path.join(run_directory.checkpoints_dir(model_dir), '0')
+  if not os.path.exists(saved):
+    shutil.rmtree(model_dir, ignore_errors=True)
+
+
 @gin.configurable
 def train(model_dir: str, run: RunKind = gin.REQUIRED,
           num_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED,
@@ -315,6 +327,9 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   model_dir = run_directory.absolute(model_dir)
   # One trainer per run directory, and only on a layout this code reads.
   with contextlib.ExitStack() as held:
+    if '://' not in model_dir and not os.path.exists(model_dir):
+      held.push(lambda unused_kind, error, unused_traceback:
+                _remove_if_refused(model_dir, error))
     held.enter_context(run_guard.TrainerLock(model_dir))
     run_guard.check_format(model_dir)
     mesh = partitioning.make_mesh()
