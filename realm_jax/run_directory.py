@@ -174,6 +174,17 @@ def writable(directory: str) -> str:
   return directory
 
 
+def settled(manager: ocp.CheckpointManager) -> ocp.CheckpointManager:
+  """`manager` once its clean-up of a killed save's temporary directories
+  is over. Orbax runs it in a thread of its own that it awaits at the next
+  save but not at `close`: a process that ends before saving (a user
+  error) would end under it, and it would print a traceback."""
+  wait = getattr(manager, '_maybe_await_cleanup_tmp_directory', None)
+  if wait is not None:  # Orbax versions without it have no such thread.
+    wait()
+  return manager
+
+
 def reader_options(**options) -> ocp.CheckpointManagerOptions:
   """A reader's manager options: read-only, and no commit times read when it
   is made (a step pruned meanwhile would fail that; `reload` reads them)."""

@@ -131,12 +131,12 @@ def index_manager(directory: str, read_only: bool = False,
     return ocp.CheckpointManager(directory, options=run_directory.reader_options(
         enable_async_checkpointing=False,
         multiprocessing_options=run_directory.this_process()))
-  return ocp.CheckpointManager(
+  return run_directory.settled(ocp.CheckpointManager(
       run_directory.writable(directory),
       options=run_directory.pruning_options(
           max_to_keep=max_to_keep, create=False,
           enable_async_checkpointing=False, cleanup_tmp_directories=True,
-          multiprocessing_options=run_directory.every_process()))
+          multiprocessing_options=run_directory.every_process())))
 
 
 def index_metadata(corpus_metadata: dict, embeddings: np.ndarray | Rows,

@@ -62,15 +62,15 @@ class Checkpoints:
       raise errors.BadConfig(f'train.retriever_every={retriever_every} must '
                              'be at least 1 (or None).')
     self.directory = run_directory.checkpoints_dir(model_dir)
-    self.manager = ocp.CheckpointManager(
+    self.manager = run_directory.settled(ocp.CheckpointManager(
         run_directory.writable(self.directory),
         options=_writer_options(save_interval_steps=save_every,
-                                max_to_keep=keep))
+                                max_to_keep=keep)))
     self.retriever_every = retriever_every
     self.snapshots = None if retriever_every is None else (
-        ocp.CheckpointManager(
+        run_directory.settled(ocp.CheckpointManager(
             run_directory.writable(run_directory.snapshots_dir(model_dir)),
-            options=_writer_options(max_to_keep=keep)))
+            options=_writer_options(max_to_keep=keep))))
     # (manager, step) of the save running in the background.
     self._writing = None
     self._closed = False
@@ -198,10 +198,9 @@ class Checkpoints:
     return self
 
   def __exit__(self, unused_kind, error, unused_traceback) -> None:
-    """Closes, on an error too: what Orbax runs in the background (a save,
-    its clean-up of temporary paths) ends before the error is reported,
-    not while the interpreter shuts down under it (a second traceback, a
-    temporary directory left behind)."""
+    """Closes, on an error too: a save running in the background ends
+    before the error is reported, not while the interpreter shuts down
+    under it (a second traceback, a temporary directory left behind)."""
     if error is None:
       self.close()
       return
