@@ -19,6 +19,8 @@ import re
 import sys
 from collections.abc import Callable
 
+from etils import epath
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, 'docs', 'results')
 DOCUMENTS = ('README.md', os.path.join('docs', 'RESULTS.md'))
@@ -26,8 +28,8 @@ SPAN = re.compile(r'<!-- record:([\w.-]+) -->(.*?)<!-- /record -->', re.S)
 
 
 def load(preset: str, results_dir: str = RESULTS) -> dict:
-  with open(os.path.join(results_dir, f'{preset}.json')) as f:
-    return json.load(f)
+  return json.loads(
+      (epath.Path(results_dir) / f'{preset}.json').read_text())
 
 
 def _signed(x: float, digits: int = 1) -> str:
@@ -225,15 +227,12 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   found = []
   for name in DOCUMENTS:
-    path = os.path.join(REPO, name)
-    with open(path) as f:
-      text = f.read()
+    path = epath.Path(REPO) / name
+    text = path.read_text()
     if args.check:
       found += [f'{name}: {figure}' for figure in stale(text)]
     else:
-      made = render(text)  # Whole before the file is opened for writing.
-      with open(path, 'w') as f:
-        f.write(made)
+      path.write_text(render(text))  # Made whole before it is written.
   for line in found:
     print(f'stale figure, not what docs/results gives: {line}')
   return 1 if found else 0

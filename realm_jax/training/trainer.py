@@ -14,7 +14,6 @@ import contextlib
 import logging
 import math
 import os
-import shutil
 import time
 
 import gin
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from flax import linen as nn
 
 from realm_jax import distributed, errors, run_directory, run_guard
@@ -268,9 +268,9 @@ def _remove_if_refused(model_dir: str, error: BaseException | None) -> None:
   directory): the corrected command starts as on a fresh directory."""
   if not isinstance(error, errors.UserError) or jax.process_index():
     return
-  saved = os.path.join(run_directory.checkpoints_dir(model_dir), '0')
-  if not os.path.exists(saved):
-    shutil.rmtree(model_dir, ignore_errors=True)
+  first = epath.Path(run_directory.checkpoints_dir(model_dir)) / '0'
+  if not first.exists():
+    epath.Path(model_dir).rmtree(missing_ok=True)
 
 
 @gin.configurable
@@ -327,7 +327,7 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
   model_dir = run_directory.absolute(model_dir)
   # One trainer per run directory, and only on a layout this code reads.
   with contextlib.ExitStack() as held:
-    if '://' not in model_dir and not os.path.exists(model_dir):
+    if '://' not in model_dir and not epath.Path(model_dir).exists():
       held.push(lambda unused_kind, error, unused_traceback:
                 _remove_if_refused(model_dir, error))
     held.enter_context(run_guard.TrainerLock(model_dir))
