@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 from etils import epath
 
+from realm_jax.evaluation import bootstrap
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, 'docs', 'results')
 DOCUMENTS = ('README.md', os.path.join('docs', 'RESULTS.md'))
@@ -34,12 +36,6 @@ def load(preset: str, results_dir: str = RESULTS) -> dict:
 
 def _signed(x: float, digits: int = 1) -> str:
   return f'{x:+.{digits}f}'
-
-
-def interval(i: dict, digits: int = 1) -> str:
-  """'+1.2 [+0.4, +2.0]'."""
-  return (f'{_signed(i["difference"], digits)} [{_signed(i["low"], digits)}, '
-          f'{_signed(i["high"], digits)}]')
 
 
 def verdict(i: dict) -> str:
@@ -125,7 +121,7 @@ def demo_table(results_dir: str = RESULTS, preset: str = 'demo') -> str:
            f'{provenance(1, r["machine"], minutes)} | A | B | '
            'A - B [95% interval] | |', '|---|---|---|---|---|']
   lines += [f'| {label} | {i["a"]:.{d}f} | {i["b"]:.{d}f} | '
-            f'{interval(i, d)} | {verdict(i)} |' for label, i, d in rows]
+            f'{bootstrap.describe(i, d)} | {verdict(i)} |' for label, i, d in rows]
   return '\n'.join(lines)
 
 
@@ -134,7 +130,7 @@ def _comparison(preset: str, path: str, digits: int = 2,
   c = load(preset, results_dir)['comparisons']
   for key in path.split('/'):
     c = c[key]
-  return interval(c, digits)
+  return bootstrap.describe(c, digits)
 
 
 def comparisons(preset: str, results_dir: str = RESULTS) -> str:

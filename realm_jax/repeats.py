@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from realm_jax.evaluation import bootstrap
+
 
 def run_dir(work_dir: str, seed: int) -> str:
   return os.path.join(work_dir, f'seed_{seed}')
@@ -94,10 +96,8 @@ def comparison_rows(summary: dict, labels: dict[str, tuple[str, int]]
     d = summary['comparisons'].get(path)
     if d is None:
       continue
-    shown = [
-        '-' if i is None else
-        f'{i["difference"]:+.{digits}f} [{i["low"]:+.{digits}f}, '
-        f'{i["high"]:+.{digits}f}]' for i in d['intervals']]
+    shown = ['-' if i is None else bootstrap.describe(i, digits)
+             for i in d['intervals']]
     lines.append(
         f'| {label} | {_number(d["mean"], digits, "+")} | '
         f'{_number(d["min"], digits, "+")} to '
