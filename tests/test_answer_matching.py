@@ -140,12 +140,30 @@ def test_the_corpus_index_is_has_answer_block_by_block(references, is_regex):
   expected = [answer_matching.has_answer(t, references, is_regex)
               for t in BLOCKS.values()]
   assert [corpus.holds(i, references, is_regex) for i in BLOCKS] == expected
-  assert corpus.anywhere(references, is_regex) == any(expected)
+  assert corpus.anywhere([(references, is_regex)]) == [any(expected)]
 
 
 def test_the_corpus_index_finds_a_block_s_first_and_last_tokens():
   corpus = answer_matching.CorpusAnswers(BLOCKS)
-  assert corpus.anywhere(['Zebras'], False)
-  assert corpus.anywhere(['long', '.'], False)
-  assert corpus.anywhere(['^Giraffe'], True)
-  assert not answer_matching.CorpusAnswers({}).anywhere([''], False)
+  assert corpus.anywhere([(['Zebras'], False), (['long', '.'], False),
+                          (['^Giraffe'], True)]) == [True, True, True]
+  assert answer_matching.CorpusAnswers({}).anywhere([([''], False)]) == [
+      False]
+
+
+@hypothesis.settings(max_examples=200, derandomize=True, deadline=None)
+@hypothesis.given(
+    blocks=st.lists(_TEXT, max_size=4),
+    questions=st.lists(st.tuples(st.lists(_TEXT, max_size=3), st.booleans()),
+                       max_size=6))
+def test_one_pass_over_the_corpus_is_has_answer_in_some_block(blocks,
+                                                             questions):
+  """Every question at once, strings and patterns mixed, equals asking
+  each block in turn (patterns here are literal text, escaped or not)."""
+  corpus = answer_matching.CorpusAnswers(dict(enumerate(blocks)))
+  calls = []
+  found = corpus.anywhere(questions, lambda: calls.append(1))
+  assert found == [
+      any(answer_matching.has_answer(t, refs, is_regex) for t in blocks)
+      for refs, is_regex in questions]
+  assert len(calls) == len(blocks)

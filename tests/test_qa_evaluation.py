@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from realm_jax import main
-from realm_jax.data import answer_matching
+from realm_jax.data import answer_matching, corpus
 from realm_jax.evaluation import qa_evaluation
 from realm_jax.evaluation.answers import BlockTexts, answers_of
 from realm_jax.training import run_loader
@@ -91,6 +91,35 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
       nq['top-1'], nq['top-5'], 50.0]
   _assert_trec_run_is_the_dpr_retrieval(rows, predictor.texts)
   assert 'exact_match' in cli
+
+
+@pytest.mark.unit
+def test_answers_in_corpus_are_searched_once_per_corpus_and_questions(
+    tmp_path, caplog):
+  metadata = tmp_path / corpus.METADATA
+  metadata.write_text(json.dumps({'corpus_fingerprint': 'a' * 64}))
+  bodies = {0: 'Zebras have stripes.', 1: 'Giraffe necks are long.'}
+  questions = [(['zebras'], False), (['okapi'], False), (['^Gir'], True)]
+  searched = []
+
+  class Counting(answer_matching.CorpusAnswers):
+    def anywhere(self, *args):
+      searched.append(1)
+      return super().anywhere(*args)
+
+  find = lambda questions, **kw: qa_evaluation.answers_in_corpus(
+      str(tmp_path), Counting(bodies), len(bodies), questions, **kw)
+  assert find(questions) == [True, False, True]
+  assert find(questions) == [True, False, True] and len(searched) == 1
+  # Other questions, or the corpus changed: searched again.
+  assert find(questions[:1]) == [True] and len(searched) == 2
+  metadata.write_text(json.dumps({'corpus_fingerprint': 'b' * 64}))
+  assert find(questions) == [True, False, True] and len(searched) == 3
+  assert len(list(tmp_path.glob('answers_in_corpus-*.json'))) == 3
+  # Past the limit: said, and not searched.
+  metadata.write_text(json.dumps({'corpus_fingerprint': 'c' * 64}))
+  assert find(questions, max_blocks=1) is None and len(searched) == 3
+  assert 'skipped' in caplog.text and str(tmp_path) in caplog.text
 
 
 def _dpr_top_k(questions, ks):

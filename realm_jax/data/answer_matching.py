@@ -21,7 +21,7 @@ import functools
 import re
 import string
 import unicodedata
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import regex
 
@@ -108,25 +108,68 @@ def _tokens_in(spaced_text: str, references: Sequence[str]) -> bool:
 
 
 class CorpusAnswers:
-  """DPR's rule over the blocks of a corpus, each prepared once: which
-  retrieved blocks hold an answer, and whether any block does."""
+  """DPR's rule over the blocks of a corpus: which retrieved blocks hold an
+  answer (`holds`, a block prepared when first asked about), and which
+  questions have an answer in some block (`anywhere`, one pass over the
+  corpus for every question at once)."""
 
   def __init__(self, bodies: Mapping[int, str]):
-    self._nfd = {i: unicodedata.normalize('NFD', t) for i, t in bodies.items()}
-    self._spaced = {i: _spaced(answer_tokens(t)) for i, t in bodies.items()}
-    # Every block's tokens joined: a newline between two blocks, which no
-    # reference's tokens hold, so no reference is found across two.
-    self._all = '\n'.join(self._spaced.values())
+    self._bodies = bodies
+    self._spaced = {}
 
   def holds(self, block_id: int, references: Sequence[str],
             is_regex: bool) -> bool:
+    text = self._bodies[block_id]
     if is_regex:
-      return _pattern_in(self._nfd[block_id], references)
+      return _pattern_in(unicodedata.normalize('NFD', text), references)
+    if block_id not in self._spaced:
+      self._spaced[block_id] = _spaced(answer_tokens(text))
     return _tokens_in(self._spaced[block_id], references)
 
-  def anywhere(self, references: Sequence[str], is_regex: bool) -> bool:
-    """Is an answer in some block? (The answer-in-corpus subset.)"""
-    if is_regex:  # Block by block: '^', '$' and '\s' stay inside one.
-      compiled = _compiled(references)
-      return any(c.search(t) for t in self._nfd.values() for c in compiled)
-    return bool(self._spaced) and _tokens_in(self._all, references)
+  def anywhere(self, questions: Sequence[tuple[Sequence[str], bool]],
+               on_block: Callable[[], None] = lambda: None) -> list[bool]:
+    """For each question's (references, is_regex): is an answer in some
+    block? (The answer-in-corpus subset.) `on_block` follows each block.
+
+    A string is found where its tokens occur consecutively in one block's:
+    the block's tokens are looked up by their first token and length, so
+    a pass costs about one lookup a token, whatever the number of
+    questions. A pattern is searched block by block ('^', '$' and '\\s'
+    stay inside one), until it is found.
+    """
+    found = [False] * len(questions)
+    strings = []  # (question, its references' token tuples)
+    # first token -> length -> the references' token tuples not yet seen.
+    wanted: dict[str, dict[int, set]] = {}
+    patterns = {}  # question -> its compiled patterns, until one is found
+    for q, (references, is_regex) in enumerate(questions):
+      if is_regex:
+        patterns[q] = _compiled(references)
+        continue
+      tuples = [tuple(answer_tokens(r)) for r in references]
+      strings.append((q, tuples))
+      for t in filter(None, tuples):
+        wanted.setdefault(t[0], {}).setdefault(len(t), set()).add(t)
+    patterns = {q: c for q, c in patterns.items() if c}
+    seen = set()
+    for text in self._bodies.values():
+      if wanted:
+        tokens = answer_tokens(text)
+        for i, token in enumerate(tokens):
+          for length, tuples in wanted.get(token, {}).items():
+            window = tuple(tokens[i:i + length])
+            if window in tuples:
+              seen.add(window)
+      if patterns:
+        nfd = unicodedata.normalize('NFD', text)
+        for q in [q for q, compiled in patterns.items()
+                  if any(c.search(nfd) for c in compiled)]:
+          found[q] = True
+          del patterns[q]
+      on_block()
+    if not self._bodies:
+      return found
+    for q, tuples in strings:
+      # A reference with no tokens is found in every block, as in DPR.
+      found[q] = any(not t or t in seen for t in tuples)
+    return found

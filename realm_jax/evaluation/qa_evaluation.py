@@ -16,13 +16,15 @@ is written as a JSONL row with its retrieved blocks; the retrievals can
 also be written as the files DPR's, Pyserini's and trec_eval's scorers read.
 """
 
+import hashlib
 import json
+import logging
 
 import numpy as np
 from etils import epath
 
 from realm_jax import extras
-from realm_jax.data import answer_matching
+from realm_jax.data import answer_matching, corpus
 from realm_jax.evaluation import bootstrap, metrics
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
@@ -34,6 +36,14 @@ from realm_jax.training.batches import token_arrays
 TOP_K = (1, 5, 20, 100)
 # The layouts of `retrieval_file`.
 RETRIEVAL_FORMATS = ('dpr', 'pyserini', 'trec')
+# The largest corpus whose every block is searched for every question's
+# answer; past it the answer-in-corpus figures are skipped. One pass reads
+# thousands of blocks a second for strings on one CPU core:
+# 2M blocks is minutes, Wikipedia's 13M would be the better part of an hour
+# for each new question file, and a file of patterns many times that.
+ANSWER_SCAN_BLOCKS = 2_000_000
+
+log = logging.getLogger(__name__)
 
 
 def _predict(predictor: QAPredictor, task: str, batches, total: int,
@@ -101,6 +111,40 @@ def _array_evaluation(predictor, task, batch_size, num_examples, results):
                                 [text for _, text in sorted(outputs)])
 
 
+def answers_in_corpus(corpus_dir: str, corpus_answers, num_blocks: int,
+                      questions: list[tuple[list[str], bool]],
+                      max_blocks: int = ANSWER_SCAN_BLOCKS
+                      ) -> list[bool] | None:
+  """Which questions have an answer in some block of the corpus (DPR's
+  `has_answer`), or None for a corpus past `max_blocks`.
+
+  Found once for a corpus and a list of questions, and kept beside the
+  corpus in a file named by both fingerprints; a corpus changed by `corpus
+  add` or `remove` has a new fingerprint, so nothing stale is read.
+  """
+  fingerprint = corpus.load_metadata(corpus_dir)['corpus_fingerprint']
+  questions_digest = hashlib.sha256(json.dumps(questions).encode())
+  path = (epath.Path(corpus_dir) / f'answers_in_corpus-{fingerprint[:16]}-'
+          f'{questions_digest.hexdigest()[:16]}.json')
+  if path.exists():
+    return json.loads(path.read_text())
+  if num_blocks > max_blocks:
+    log.warning('answer in corpus: skipped, %s has %d blocks (more than '
+                '%d to search); the *_answer_in_corpus figures are left out.',
+                corpus_dir, num_blocks, max_blocks)
+    return None
+  progress = Progress('answers in corpus', num_blocks, unit='blocks',
+                      every_s=15)
+  found = corpus_answers.anywhere(questions, lambda: progress.update(1))
+  staged = path.parent / f'{path.name}.tmp'
+  try:  # Whole or not at all; a read-only corpus is searched each time.
+    staged.write_text(json.dumps(found))
+    staged.replace(path)
+  except OSError as error:
+    log.warning('answer in corpus: not kept beside the corpus (%s).', error)
+  return found
+
+
 def evaluate(predictor: QAPredictor, task: str, output_dir: str,
              batch_size: int = 32, num_examples: int | None = None,
              retrieval_output: str | None = None,
@@ -126,9 +170,13 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   texts = predictor.texts
   ks = [k for k in TOP_K if k <= predictor.top_k]
   corpus_answers = answer_matching.CorpusAnswers(texts.bodies)
+  references_of = [[_text(a) for a in e['answers']] for e in examples]
+  in_corpus = answers_in_corpus(predictor.retrieval.corpus_dir,
+                                corpus_answers, len(texts.bodies),
+                                [(r, regex) for r in references_of])
   rows = []
-  for index, example in enumerate(examples):
-    references = [_text(a) for a in example['answers']]
+  for index, (example, references) in enumerate(zip(examples,
+                                                    references_of)):
     result = results[index]
     retrieved = [(i, s) for i, s in zip(result['block_ids'],
                                         result['retrieval_scores']) if i >= 0]
@@ -142,7 +190,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
         'answer_rank': rank,
         'answer_in_top': {str(k): rank is not None and rank <= k
                           for k in ks},
-        'answer_in_corpus': corpus_answers.anywhere(references, regex),
+        'answer_in_corpus': in_corpus and in_corpus[index],
         'retrieved': [{'block_id': i, 'title': texts.titles.get(i, ''),
                        'score': s, 'has_answer': hit}
                       for (i, s), hit in zip(retrieved, hits)],
@@ -163,13 +211,15 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
       'task': task, 'model_dir': predictor.model_dir,
       'run_kind': predictor.kind, 'step': predictor.step,
       'index_step': predictor.retrieval.client.index_step,
-      'questions': len(rows), 'answer_in_corpus': len(subset),
+      'questions': len(rows),
+      'answer_in_corpus': len(subset) if in_corpus else None,
       'retrieved': predictor.top_k,
   }
   for k in ks:
     summary[f'top-{k}'] = percent([r['answer_in_top'][str(k)] for r in rows])
-    summary[f'top-{k}_answer_in_corpus'] = percent(
-        [r['answer_in_top'][str(k)] for r in subset])
+    if in_corpus:
+      summary[f'top-{k}_answer_in_corpus'] = percent(
+          [r['answer_in_top'][str(k)] for r in subset])
   summary.update({name: float(v) for name, v in task_metrics.items()})
   if predictor.reads:
     name = 'regex_match' if regex else 'exact_match'
@@ -177,8 +227,9 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     if abs(own - summary[name]) > 1e-6:
       raise AssertionError(f'{name}: the task metric says {summary[name]}, the '
                            f'predictions file says {own}.')
-    summary[f'{name}_answer_in_corpus'] = percent(
-        [r['correct'] for r in subset])
+    if in_corpus:
+      summary[f'{name}_answer_in_corpus'] = percent(
+          [r['correct'] for r in subset])
     summary['unaligned_spans'] = texts.unaligned
   output = epath.Path(output_dir)
   output.mkdir(parents=True, exist_ok=True)
@@ -255,6 +306,10 @@ def compare(rows_a: list[dict], rows_b: list[dict], field: str,
   corpus."""
   if [r['question'] for r in rows_a] != [r['question'] for r in rows_b]:
     raise ValueError('The two evaluations answered different questions.')
+  if answer_in_corpus_only and any(r['answer_in_corpus'] is None
+                                   for r in rows_a + rows_b):
+    raise ValueError('The answer-in-corpus subset was not found for this '
+                     f'corpus (past {ANSWER_SCAN_BLOCKS:,} blocks).')
   pairs = [(_value(a, field), _value(b, field)) for a, b in zip(rows_a, rows_b)
            if a['answer_in_corpus'] or not answer_in_corpus_only]
   a, b = (np.array(x, np.float64) for x in zip(*pairs))
