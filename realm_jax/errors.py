@@ -7,6 +7,8 @@ derives from the built-in error it refines, so that `except ValueError`
 and `except FileNotFoundError` still catch it.
 """
 
+import re
+
 from etils import epath
 
 
@@ -28,10 +30,16 @@ class NotFound(UserError, FileNotFoundError):
   there."""
 
 
+_OBJECT_REPR = re.compile(r'<[\w.]+ object at 0x[0-9a-fA-F]+>')
+
+
 def one_line(error: BaseException) -> str:
-  """Another library's message, its lines joined (gin's quote the line)."""
-  return ' '.join(line.strip() for line in str(error).splitlines()
+  """Another library's message, its lines joined (gin's quote the line),
+  without the reprs of its objects ('<ast.Name object at 0x7f...>'), which
+  say nothing to a user."""
+  text = ' '.join(line.strip() for line in str(error).splitlines()
                   if line.strip())
+  return ' '.join(_OBJECT_REPR.sub('', text).split())
 
 
 def message(error: UserError) -> str:

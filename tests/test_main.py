@@ -4,6 +4,7 @@ Every subcommand is given bad input the way a user would; each must end in
 a line or two that names the problem, with exit code 2 and no traceback.
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -267,30 +268,70 @@ def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
       'config.gin.')
 
 
+# Each kind of user error a command meets before it does any work: its
+# arguments (`{run}`: a new run directory) and the message, every line of
+# what it prints. The bad source is refused after the trainer took its lock
+# and opened its checkpoint manager, whose clean-up runs in the background.
+EARLY_ERRORS = {
+    'bad gin': (
+        ['train', '--model_dir={run}', '--gin_file=gin/runs/ict.gin',
+         '--gin.train.num_steps=zz'],
+        ["realm-jax train: gin binding 'train.num_steps = zz': malformed "
+         "node or string on line 1: Failed to parse token 'zz' (line 1)"]),
+    'bad source': (
+        ['train', '--model_dir={run}', '--gin_file=gin/runs/ict.gin',
+         '--gin_file=gin/models/tiny.gin', "--gin.Examples.source='parquet'"],
+        ["realm-jax train: Examples.source='parquet'; expected one of "
+         "('seqio', 'arrays')."]),
+    'missing file': (
+        ['train', '--model_dir={run}', '--gin_file=gin/runs/nope.gin'],
+        ['realm-jax train: gin: Unable to open file: gin/runs/nope.gin. '
+         f"Searched config paths: ['', {str(REPO)!r}].",
+         'Check the --gin_file paths (from here or the repository root) and '
+         'the names bound in them.']),
+    'wrong run kind': (
+        ['fill', 'a [MASK] b', '--model_dir={ict}'],
+        ["realm-jax fill: This command fills [MASK]s with a pre-training "
+         "run's reader (Pretrain); {ict} is an ICT run (a retriever without "
+         "a reader) (Ict).",
+         '`realm-jax ask` answers questions with a fine-tuning run; '
+         '`realm-jax search` shows what any run retrieves.']),
+}
+
+
 @pytest.mark.integration
-def test_a_user_error_after_the_checkpoints_opened_exits_clean(tmp_path):
-  """A source the arrays path does not know is refused after the trainer
-  took its lock and opened its checkpoint manager, whose clean-up runs in
-  the background: the message is the whole output, and the new run
-  directory is removed, lock and all, so the corrected command starts
+@pytest.mark.slow
+def test_every_kind_of_early_user_error_exits_clean_ten_times(tmp_path):
+  """Its message is the whole output, every time, and a run directory the
+  command made is removed, lock and all, so the corrected command starts
   fresh. Before Orbax's clean-up of temporary paths was awaited when the
-  manager is made (`run_directory.settled`), 8 of 12 runs on 2 busy cores
-  printed its traceback after the message, the interpreter shutting down
-  under it."""
-  for attempt in range(3):
-    model_dir = tmp_path / f'run_{attempt}'
+  manager is made (`run_directory.settled`), 8 of 12 runs of the bad source
+  on 2 busy cores printed its traceback after the message, the interpreter
+  shutting down under it."""
+  ict = tmp_path / 'ict'  # A run directory as `fill` reads its kind.
+  ict.mkdir()
+  (ict / 'config.gin').write_text("include 'gin/runs/ict.gin'\n"
+                                  "include 'gin/models/tiny.gin'\n")
+
+  def attempt(kind_and_number):
+    kind, number = kind_and_number
+    run = tmp_path / f'{kind}_{number}'.replace(' ', '_')
+    argv, _ = EARLY_ERRORS[kind]
     done = subprocess.run(
-        [sys.executable, '-m', 'realm_jax.main', 'train',
-         f'--model_dir={model_dir}', '--gin_file=gin/runs/ict.gin',
-         '--gin_file=gin/models/tiny.gin',
-         "--gin.Examples.source='parquet'"],
+        [sys.executable, '-m', 'realm_jax.main',
+         *(a.format(run=run, ict=ict) for a in argv)],
         cwd=REPO, capture_output=True, text=True, check=False,
         env={**os.environ, main.DEBUG_ENV: ''})
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        "realm-jax train: Examples.source='parquet'; expected one of "
-        "('seqio', 'arrays')."], done.stderr
-    assert not model_dir.exists()
+    return kind, run, done
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    for kind, run, done in pool.map(attempt, [
+        (kind, n) for kind in EARLY_ERRORS for n in range(10)]):
+      expected = [line.replace('{ict}', str(ict))
+                  for line in EARLY_ERRORS[kind][1]]
+      assert (done.returncode, done.stdout) == (2, ''), (kind, done.stderr)
+      assert done.stderr.splitlines() == expected, (kind, done.stderr)
+      assert not run.exists(), kind
   # A run directory that was there before is left as it was.
   kept = tmp_path / 'kept'
   kept.mkdir()

@@ -8,7 +8,9 @@ saved (model_dir/config.gin), so `eval`, `ask`, `fill` and the t5x adapter
 need nothing but the directory.
 """
 
+import contextlib
 import dataclasses
+import logging
 import os
 
 import gin
@@ -23,6 +25,23 @@ GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), 'gin')
 
 
+def _not_a_path_probe(record: logging.LogRecord) -> bool:
+  """False for the error gin logs (on the root logger) at each place it
+  looked for a file without finding it: the BadConfig raised when no place
+  has the file says so once, in one line."""
+  return not record.getMessage().startswith('Path not found: ')
+
+
+@contextlib.contextmanager
+def _quiet_path_probes():
+  root = logging.getLogger()
+  root.addFilter(_not_a_path_probe)
+  try:
+    yield
+  finally:
+    root.removeFilter(_not_a_path_probe)
+
+
 def parse_gin(files, bindings=(), skip_unknown: bool = False,
               finalize: bool = True) -> None:
   """Layers gin files and bindings over the current config. `include
@@ -30,9 +49,10 @@ def parse_gin(files, bindings=(), skip_unknown: bool = False,
   repository root; a typo or a missing binding fails here, before work."""
   gin.add_config_file_search_path(os.path.dirname(GIN_DIR))
   try:
-    gin.parse_config_files_and_bindings(list(files), list(bindings),
-                                        skip_unknown=skip_unknown,
-                                        finalize_config=finalize)
+    with _quiet_path_probes():
+      gin.parse_config_files_and_bindings(list(files), list(bindings),
+                                          skip_unknown=skip_unknown,
+                                          finalize_config=finalize)
   except (OSError, SyntaxError, ValueError) as error:  # gin's: no file, a
     # typo, an unknown configurable or parameter, an undefined macro.
     if isinstance(error, errors.UserError):
