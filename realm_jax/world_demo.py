@@ -245,9 +245,10 @@ def _mean(values) -> float | None:
 
 def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
   """Each edited person's document replaced (`corpus remove`, then `corpus
-  add`, the index synced by embedding the new blocks alone), then their
-  edited facts asked with the new values and with the old ones as
-  targets. No training step runs."""
+  add`, on a copy of the corpus swapped in whole, so that a killed stage
+  can be run again), the index synced by embedding the new blocks alone;
+  then their edited facts asked with the new values and with the old ones
+  as targets. No training step runs."""
   from realm_jax.index import corpus_sync  # pylint: disable=g-import-not-at-top
   from realm_jax.training import batches  # pylint: disable=g-import-not-at-top
   the_world = world.World(sizes.spec)
@@ -256,18 +257,28 @@ def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
   directory = corpus.corpus_dir(CORPUS)
   loaded = run_loader.load_run(model_dir)
   tokenizer = batches.task_tokenizer()
-  with tempfile.TemporaryDirectory() as tmp:
-    titles, articles = (os.path.join(tmp, n) for n in ('titles.txt',
-                                                       'edited.jsonl'))
-    epath.Path(titles).write_text(''.join(f'{n}\n' for n in edits))
-    epath.Path(articles).write_text(''.join(
-        json.dumps(the_world.document(people[n], {**people[n].facts,
-                                                   **facts})) + '\n'
-        for n, facts in edits.items()))
-    _, removed = corpus_changes.remove_titles(directory, titles)
-    _, added = corpus_changes.add_articles(directory, tokenizer, [articles])
-  synced = corpus_sync.sync_index(model_dir, directory,
-                                  loaded.run.retriever())
+  corpus_changes.recover(directory)
+  # The world is built unchanged: a change there is this stage's, swapped
+  # in before a kill.
+  lineage = corpus.load_metadata(directory).get(corpus_changes.LINEAGE)
+  if lineage:
+    removed, added = lineage[-2]['block_ids'], range(*lineage[-1]['block_ids'])
+  else:
+    with tempfile.TemporaryDirectory() as tmp, \
+        corpus_changes.transaction(directory) as staged:
+      titles, articles = (os.path.join(tmp, n) for n in ('titles.txt',
+                                                         'edited.jsonl'))
+      epath.Path(titles).write_text(''.join(f'{n}\n' for n in edits))
+      epath.Path(articles).write_text(''.join(
+          json.dumps(the_world.document(people[n], {**people[n].facts,
+                                                     **facts})) + '\n'
+          for n, facts in edits.items()))
+      _, removed = corpus_changes.remove_titles(staged, titles)
+      _, added = corpus_changes.add_articles(staged, tokenizer, [articles])
+  # None: synced before a kill.
+  synced = (corpus_sync.sync_index(model_dir, directory,
+                                   loaded.run.retriever())
+            or corpus_sync.newest_metadata(model_dir))
   block_ids = dict(zip(edits, added))
   old = {n: {a: people[n].facts[a] for a in facts}
          for n, facts in edits.items()}

@@ -2,6 +2,8 @@
 brought up to date by embedding the added blocks alone."""
 
 import json
+import os
+import shutil
 
 import gin
 import jax
@@ -101,6 +103,75 @@ def test_a_killed_add_leaves_the_corpus_as_it_was(zebra_corpus, tokenizer,
         _write_jsonl(tmp_path / 'new.jsonl', [QUOKKA])])
   assert corpus.load_metadata(zebra_corpus) == before
   assert len(_blocks(zebra_corpus)) == 12
+
+
+@pytest.mark.integration
+def test_a_transaction_killed_at_any_step_is_undone_or_finished(
+    zebra_corpus, tokenizer, tmp_path, monkeypatch):
+  """An article replaced (removed, then added) on a copy swapped in: killed
+  at each copy, rename and removal of the files, the corpus is, once
+  `recover` ran, as it was or as replaced, and run again it ends replaced,
+  the change made once."""
+  titles = tmp_path / 'titles.txt'
+  titles.write_text('Animal 3\n')
+  quokka = _write_jsonl(tmp_path / 'new.jsonl', [QUOKKA])
+  pristine = str(tmp_path / 'pristine')
+  shutil.copytree(zebra_corpus, pristine)
+
+  def replace():
+    with corpus_changes.transaction(zebra_corpus) as staged:
+      corpus_changes.remove_titles(staged, str(titles))
+      corpus_changes.add_articles(staged, tokenizer, [quokka])
+
+  class Killed(BaseException):
+    """SIGKILL: nothing after it runs, no clean-up either."""
+
+  steps = []
+
+  def killing(name, real, at):
+    def step(*args, **kwargs):
+      steps.append(name)
+      if len(steps) == at:
+        raise Killed(name)
+      return real(*args, **kwargs)
+    return step
+
+  def attempt(at):
+    steps.clear()
+    shutil.rmtree(zebra_corpus)
+    for left in ('staged', 'replaced'):
+      shutil.rmtree(f'{zebra_corpus}.{left}', ignore_errors=True)
+    shutil.copytree(pristine, zebra_corpus)
+    with monkeypatch.context() as patch:
+      for module, name in ((os, 'rename'), (shutil, 'rmtree'),
+                           (shutil, 'copytree')):
+        patch.setattr(module, name, killing(name, getattr(module, name), at))
+      try:
+        replace()
+      except Killed:
+        return steps[-1]
+    return None
+
+  before = corpus.load_metadata(pristine)['corpus_fingerprint']
+  assert attempt(0) is None
+  after = corpus.load_metadata(zebra_corpus)
+  assert after['lineage'][-1]['block_ids'] == [12, 13]
+  kill_points = len(steps)
+  # `recover`'s removal of a copy left, the copy, the new shard's rename,
+  # the swap's two renames, the old corpus removed.
+  assert steps == ['rmtree', 'copytree', 'rename', 'rename', 'rename',
+                   'rmtree'], steps
+  for at in range(1, kill_points + 1):
+    killed_in = attempt(at)
+    assert killed_in is not None
+    corpus_changes.recover(zebra_corpus)
+    fingerprint = corpus.load_metadata(zebra_corpus)['corpus_fingerprint']
+    assert fingerprint in (before, after['corpus_fingerprint']), killed_in
+    if fingerprint == before:
+      replace()
+    assert corpus.load_metadata(zebra_corpus) == after, (at, killed_in)
+    assert sorted(p.name for p in tmp_path.glob('corpora/*')) == [
+        'wiki_leads'], (at, killed_in)
 
 
 @pytest.mark.slow

@@ -14,11 +14,16 @@ fingerprint and the change. An index embedded before a change is therefore
 refused after it, naming both fingerprints, until `index.corpus_sync`
 brings it up to date by embedding the added blocks alone. metadata.json is
 replaced last, in one rename: a killed change leaves the corpus as it was,
-with at most an unlisted shard file.
+with at most an unlisted shard file. Several changes that belong together
+(a replaced article: removed, then added) are made on a copy and swapped
+in whole (`transaction`).
 """
 
+import contextlib
 import hashlib
 import json
+import os
+import shutil
 
 import numpy as np
 from etils import epath
@@ -31,6 +36,41 @@ from realm_jax.progress import Progress
 
 REMOVED = 'removed_block_ids'
 LINEAGE = 'lineage'
+
+
+def _beside(corpus_dir: str, what: str) -> str:
+  return f'{os.path.normpath(corpus_dir)}.{what}'
+
+
+def recover(corpus_dir: str) -> None:
+  """Ends what a killed `transaction` left: a copy swapped half in is
+  swapped in whole (the original had been moved aside only once the copy
+  was complete), and a copy not yet complete is dropped."""
+  staged, replaced = (_beside(corpus_dir, w) for w in ('staged', 'replaced'))
+  if os.path.isdir(replaced):
+    if not os.path.isdir(corpus_dir):
+      os.rename(staged, corpus_dir)
+    shutil.rmtree(replaced)
+  shutil.rmtree(staged, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def transaction(corpus_dir: str):
+  """Yields a copy of the (local) corpus to change, swapped in when the
+  block ends, so that a kill at any point leaves the corpus as it was or
+  with every change once `recover` ran (the next transaction runs it
+  first), and an error in the block leaves it as it was."""
+  recover(corpus_dir)
+  staged, replaced = (_beside(corpus_dir, w) for w in ('staged', 'replaced'))
+  shutil.copytree(corpus_dir, staged)
+  try:
+    yield staged
+  except Exception:  # The change refused: no copy left behind.
+    shutil.rmtree(staged, ignore_errors=True)
+    raise
+  os.rename(corpus_dir, replaced)
+  os.rename(staged, corpus_dir)
+  shutil.rmtree(replaced)
 
 
 def removed_ids(metadata: dict) -> np.ndarray:

@@ -44,12 +44,8 @@ def _document_tower(model_dir: str, metadata: dict) -> dict:
                                       source['step'])[1]['retriever']
 
 
-def sync_index(model_dir: str, corpus_dir: str, retriever,
-               batch_size: int = 64) -> dict | None:
-  """Publishes model_dir's newest index with the corpus's changes since it;
-  returns the new step's metadata ('synced_from' says what was embedded,
-  in how many seconds), None when the index is up to date."""
-  corpus_metadata = corpus.load_metadata(corpus_dir)
+def _newest(model_dir: str):
+  """(index manager, newest step, its metadata) of model_dir's index."""
   directory = run_directory.index_dir(model_dir)
   if not epath.Path(directory).is_dir():
     raise errors.NotFound(f'No index under {directory} to bring up to date.')
@@ -57,9 +53,25 @@ def sync_index(model_dir: str, corpus_dir: str, retriever,
   steps = run_directory.reload(manager)
   if not steps:
     raise errors.NotFound(f'No index under {directory} to bring up to date.')
-  step = steps[-1]
-  metadata = publication.read_metadata(manager, step)
-  metadata.setdefault('params_step', step)
+  metadata = publication.read_metadata(manager, steps[-1])
+  metadata.setdefault('params_step', steps[-1])
+  return manager, steps[-1], metadata
+
+
+def newest_metadata(model_dir: str) -> dict:
+  """The metadata of model_dir's newest index ('synced_from' where
+  `sync_index` published it)."""
+  return _newest(model_dir)[2]
+
+
+def sync_index(model_dir: str, corpus_dir: str, retriever,
+               batch_size: int = 64) -> dict | None:
+  """Publishes model_dir's newest index with the corpus's changes since it;
+  returns the new step's metadata ('synced_from' says what was embedded,
+  in how many seconds), None when the index is up to date."""
+  corpus_metadata = corpus.load_metadata(corpus_dir)
+  directory = run_directory.index_dir(model_dir)
+  manager, step, metadata = _newest(model_dir)
   changes = corpus_changes.pending_changes(corpus_metadata,
                                            metadata['corpus_fingerprint'])
   if changes is None:
