@@ -212,12 +212,12 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
       'run_kind': predictor.kind, 'step': predictor.step,
       'index_step': predictor.retrieval.client.index_step,
       'questions': len(rows),
-      'answer_in_corpus': len(subset) if in_corpus else None,
+      'answer_in_corpus': len(subset) if in_corpus is not None else None,
       'retrieved': predictor.top_k,
   }
   for k in ks:
     summary[f'top-{k}'] = percent([r['answer_in_top'][str(k)] for r in rows])
-    if in_corpus:
+    if in_corpus is not None:
       summary[f'top-{k}_answer_in_corpus'] = percent(
           [r['answer_in_top'][str(k)] for r in subset])
   summary.update({name: float(v) for name, v in task_metrics.items()})
@@ -227,7 +227,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     if abs(own - summary[name]) > 1e-6:
       raise AssertionError(f'{name}: the task metric says {summary[name]}, the '
                            f'predictions file says {own}.')
-    if in_corpus:
+    if in_corpus is not None:
       summary[f'{name}_answer_in_corpus'] = percent(
           [r['correct'] for r in subset])
     summary['unaligned_spans'] = texts.unaligned
