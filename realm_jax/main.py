@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
                     'presets).')
   demo.add_argument('--preset', choices=('demo', 'reproduce', 'end_to_end',
                                          'gpu', 'world', 'world_top3',
-                                         'world_small'),
+                                         'world_warmup30', 'world_small'),
                     default='demo',
                     help='demo: the two core checks (20 minutes on 2 cores); '
                     'reproduce: the miniature Table 2 (90 minutes); '
@@ -120,8 +120,10 @@ def _parser() -> argparse.ArgumentParser:
                     'bundle-gpu; docs/accelerators.md); world: REALM\'s '
                     'four claims in a controlled knowledge world, where each '
                     'fact is in '
-                    'one document; world_top3: the same with the null '
-                    'document and the top 3 (8 in all by default); '
+                    'one document; world_top3 and world_warmup30: the same '
+                    'with the null document and the top 3 (8 in all by '
+                    'default), and with REALM\'s warmup over 30 steps (100 '
+                    'by default); '
                     'world_small: its REALM and baseline alone, '
                     'in a smaller world (the learning test\'s).')
 
