@@ -46,7 +46,7 @@ import time
 from etils import epath
 
 from launch import local
-from realm_jax import embedded, errors, run_directory, stage_plan
+from realm_jax import embedded, errors, repeats, run_directory, stage_plan
 from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
@@ -390,7 +390,7 @@ def score_masked_lm(model_dir: str, output_dir: str, name: str) -> dict:
 
 
 def finetune(model_dir: str, setup: str, num_steps: int, warm_start: str,
-             refresh_interval: int | None = None) -> dict:
+             *bindings: str, refresh_interval: int | None = None) -> dict:
   """NQ fine-tuning; `warm_start` binds Finetune.pretrain_model_dir (REALM)
   or Finetune.ict_model_dir (ORQA). With a `refresh_interval` the document
   tower trains too, and the index builder beside the trainer re-embeds the
@@ -403,7 +403,8 @@ def finetune(model_dir: str, setup: str, num_steps: int, warm_start: str,
            *([f'--gin.train.retriever_every={refresh_interval}']
              if refresh_interval else []),
            f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
-           '--gin.bert_adamw.learning_rate=5e-5']
+           '--gin.bert_adamw.learning_rate=5e-5',
+           *(f'--gin.{b}' for b in bindings)]
   if refresh_interval is None:
     _train(model_dir, 'finetune', setup, *flags)
     return {}
@@ -499,9 +500,10 @@ def _end_to_end_comparisons(eval_dir: str) -> dict:
 
 
 def run(work_dir: str = 'runs/demo', preset: str = 'demo',
-        docs_dir: str | None = None) -> dict:
-  """Every stage of `preset` in order; returns (and writes) the results
-  (into `docs_dir` too, the record, when given: `demo --record`)."""
+        docs_dir: str | None = None, seed: int = 0) -> dict:
+  """Every stage of `preset` in order, each run's parameters, dropout and
+  data order from `seed`; returns (and writes) the results (into
+  `docs_dir` too, the record, when given: `demo --record`)."""
   if preset not in PRESETS:
     raise errors.BadConfig(f'preset={preset!r}; expected one of '
                            f'{sorted(PRESETS)}.')
@@ -516,8 +518,10 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo',
   stages = Stages(work_dir)
   d = lambda name: os.path.join(work_dir, name)
   has_qa = _prepared_nq() if sizes.prepared else _qa_data() is not None
-  results = {'preset': preset, 'sizes': dataclasses.asdict(sizes)}
+  results = {'preset': preset, 'sizes': dataclasses.asdict(sizes),
+             'seed': seed}
   timings = {}
+  seeded = (f'train.seed={seed}',)
   runs = {'realm': (), 'baseline': ('Pretrain.num_candidates=1',)}
   if sizes.ablations or sizes.stale:
     runs['stale'] = (f'run_refresh.stale_factor={STALE_FACTOR}',)
@@ -547,16 +551,17 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo',
   # The corpus's annotation forks: before JAX runs.
   stage('corpus', prepared_corpus if sizes.prepared else build_corpus)
   results['machine'] = stages.run('machine', machine)
-  results['ict'] = stage('ict', train_ict, d('ict'), sizes, *limited('ict'))
+  results['ict'] = stage('ict', train_ict, d('ict'), sizes, *seeded,
+                         *limited('ict'))
   if has_qa:
     results['recall_ict'] = stage('recall_ict', recall, d('ict'),
                                   d('eval/ict'), sizes.setup)
   results['reader'] = stage('reader', train_reader, d('reader'), sizes,
-                            *limited('reader'))
+                            *seeded, *limited('reader'))
   for name, bindings in runs.items():
     results[f'pretrain_{name}'] = stage(
         f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
-        *bindings, *limited(f'pretrain_{name}'),
+        *bindings, *seeded, *limited(f'pretrain_{name}'),
         with_refresh=name != 'baseline')
   results['throughput'] = stage('throughput', throughput, d('realm'),
                                 results['machine'])
@@ -576,7 +581,7 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo',
     for name, warm in (('realm', f'pretrain_model_dir="{d("realm")}"'),
                        ('orqa', f'ict_model_dir="{d("ict")}"')):
       stage(f'finetune_{name}', finetune, d(f'finetune_{name}'),
-            sizes.setup, sizes.finetune_steps, warm)
+            sizes.setup, sizes.finetune_steps, warm, *seeded)
       results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
                                     d(f'eval/qa_{name}'))
     comparisons['em'] = _em_comparisons(d('eval'), 'qa_realm', 'qa_orqa')
@@ -586,7 +591,7 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo',
       results[f'finetune_{name}'] = stage(
           f'finetune_{name}', finetune, d(f'finetune_{name}'), sizes.setup,
           sizes.finetune_steps, f'pretrain_model_dir="{d("realm")}"',
-          interval)
+          *seeded, refresh_interval=interval)
       results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
                                     d(f'eval/qa_{name}'), ('nq_open',))
     comparisons['end_to_end'] = _end_to_end_comparisons(d('eval'))
@@ -699,6 +704,75 @@ def comparison_rows(results: dict) -> list[str]:
           _row(f'{task} EM (%), answer in the corpus: REALM vs ORQA',
                c('em', task, 'em_answer_in_corpus'), paper)]
   return lines
+
+
+# The comparisons a preset run several times reports, each as the mean and
+# range of its runs and every run's interval: path -> (label, digits).
+COMPARISONS = {
+    'masked_lm/realm_vs_baseline/masked_token_accuracy': (
+        'held-out masked accuracy (%): REALM vs the trained baseline', 2),
+    'masked_lm/realm_vs_realm_null_document/log_likelihood': (
+        'held-out retrieval utility (nats per masked token)', 3),
+    'recall/realm_vs_ict/recall@5_answer_in_corpus': (
+        'NQ recall@5 (%), answer in the corpus: REALM vs its ICT start', 2),
+    'masked_lm/realm_vs_stale/masked_token_accuracy': (
+        f'held-out masked accuracy (%): fresh vs {STALE_FACTOR}x stale index',
+        2),
+    'recall/realm_vs_stale/recall@5_answer_in_corpus': (
+        f'NQ recall@5 (%), answer in the corpus: fresh vs {STALE_FACTOR}x '
+        'stale', 2),
+    'masked_lm/realm_vs_random_span/masked_token_accuracy': (
+        'held-out masked accuracy (%): salient vs random-span masking', 2),
+    'end_to_end/em': ('NQ EM (%): document tower trained vs frozen', 2),
+    'end_to_end/recall@5_answer_in_corpus': (
+        'NQ recall@5 (%), answer in the corpus: document tower trained vs '
+        'frozen', 2),
+}
+
+
+def figures(results: dict) -> dict[str, float | None]:
+  """A run's headline figures, for its spread over runs."""
+  masked = results['masked_lm']
+  percent = lambda x: None if x is None else 100 * x
+  return {
+      'held-out masked accuracy of REALM (%)': percent(
+          masked['realm']['masked_token_accuracy']),
+      'held-out masked accuracy of the baseline (%)': percent(
+          masked['baseline']['masked_token_accuracy']),
+      'NQ recall@5 of REALM, answer in the corpus (%)': _dig(
+          results, 'recall_realm', 'top-5_answer_in_corpus'),
+      'whole preset (minutes)': sum(results['timings'].values()) / 60}
+
+
+def run_repeats(work_dir: str, preset: str, docs_dir: str | None,
+                runs: int) -> dict:
+  """The preset `runs` times, seeds 0 to runs - 1, each in
+  work_dir/seed_<s> (`repeats`). The report gives each figure's mean and
+  range and each comparison's every interval, then seed 0's own report;
+  the record is seed 0's results (what `stage_plan` reads) with the
+  spread ('repeats') and every run ('runs')."""
+  results = [run(repeats.run_dir(work_dir, seed), preset, None, seed)
+             for seed in range(runs)]
+  summary = repeats.spread(results, figures)
+  first, first_dir = results[0], repeats.run_dir(work_dir, 0)
+  m = first['machine']
+  text = '\n'.join([
+      f'# realm-jax `{preset}` over {runs} runs', '',
+      f'Machine: {m["cpu"]}, {m["cores"]} cores, 2048^3 float32 matmul '
+      f'{m["matmul_2048_gflops"]} GFLOP/s in JAX (the first run). Commit: '
+      f'{m.get("commit") or "not recorded"}. Seeds '
+      f'{", ".join(map(str, summary["seeds"]))}: each run\'s parameters, '
+      'dropout and data order; the corpus and the held-out queries are the '
+      'same.', '',
+      '## Figures: the mean over runs, the range, every run', '',
+      *repeats.figure_rows(summary), '',
+      '## Comparisons: each run\'s paired 95% interval, their mean and range',
+      '', *repeats.comparison_rows(summary, COMPARISONS), '', '---', '',
+      markdown(first, saved_configs(first_dir)).replace(
+          f'# realm-jax `{preset}` results', '# Seed 0 in full', 1)])
+  record = {**first, 'repeats': summary, 'runs': results}
+  report(first, work_dir, docs_dir, text, record, first_dir)
+  return record
 
 
 def markdown(results: dict, configs: dict[str, str]) -> str:
@@ -855,22 +929,27 @@ def end_to_end_markdown(results: dict, sizes: dict) -> list[str]:
       'beside the trainer on the same cores).']
 
 
-def report(results: dict, work_dir: str, docs_dir: str | None = None) -> None:
+def report(results: dict, work_dir: str, docs_dir: str | None = None,
+           text: str | None = None, record: dict | None = None,
+           runs_dir: str | None = None) -> None:
   """results.json, RESULTS.md and pretrain_curves.png in work_dir; with
   `docs_dir` (`demo --record`) also <preset>.json, .md and _curves.png
-  there, the record."""
-  text = markdown(results, saved_configs(work_dir))
+  there, the record. `text` and `record`: what to write instead of
+  `results`' own report (`run_repeats`'), whose runs are in `runs_dir`."""
+  runs_dir = runs_dir or work_dir
+  text = text or markdown(results, saved_configs(runs_dir))
   outputs = [epath.Path(work_dir)]
   if docs_dir is not None:
     outputs.append(epath.Path(docs_dir))
   preset = results.get('preset', 'demo')
   for out in outputs:
     name = 'results' if out == outputs[0] else preset
-    (out / f'{name}.json').write_text(json.dumps(results, indent=2))
+    (out / f'{name}.json').write_text(json.dumps(record or results,
+                                                indent=2))
     (out / ('RESULTS.md' if out == outputs[0] else f'{preset}.md')
      ).write_text(text)
     curves.plot_curves(
-        os.path.join(work_dir, 'realm', 'train_metrics.jsonl'),
+        os.path.join(runs_dir, 'realm', 'train_metrics.jsonl'),
         os.fspath(out / ('pretrain' if out == outputs[0] else preset)) +
         '_curves.png')
   print('\n' + text)

@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                     help='Run the preset this many times, seeds 0 to N-1, '
                     'each under <work_dir>/seed_<s>, and report each '
                     'figure\'s mean and range and each comparison\'s '
-                    'interval in every run (world presets).')
+                    'interval in every run.')
   demo.add_argument('--lockstep', action='store_true',
                     help='The trainer retrieves from the index of a fixed '
                     'earlier step, waited for if late, instead of the newest '
@@ -607,10 +607,13 @@ def _demo(args) -> None:
     else:
       world_demo.run(work_dir, args.preset, docs_dir, lockstep=args.lockstep)
     return
-  if args.repeats > 1 or args.lockstep:
-    raise errors.BadConfig(f'--repeats and --lockstep are for the world '
-                           f'presets, not --preset={args.preset}.')
-  demo.run(work_dir, args.preset, docs_dir)
+  if args.lockstep:
+    raise errors.BadConfig(f'--lockstep is for the world presets, not '
+                           f'--preset={args.preset}.')
+  if args.repeats > 1:
+    demo.run_repeats(work_dir, args.preset, docs_dir, args.repeats)
+  else:
+    demo.run(work_dir, args.preset, docs_dir)
 
 
 def _gin_flags(argv):

@@ -108,18 +108,36 @@ def world_levers(results_dir: str = RESULTS) -> str:
   return '\n'.join(lines)
 
 
+def _runs_and_minutes(r: dict) -> tuple[int, float]:
+  """How many runs a demo preset's record holds, and their mean minutes."""
+  if 'repeats' in r:
+    return (r['repeats']['runs'],
+            r['repeats']['figures']['whole preset (minutes)']['mean'])
+  return 1, sum(r['timings'].values()) / 60
+
+
 def demo_table(results_dir: str = RESULTS, preset: str = 'demo') -> str:
-  """The demo's two core checks, each with its paired interval."""
+  """The demo's two core checks, each with its paired interval (over
+  runs: their mean, range and every run's interval)."""
+  from realm_jax import demo, repeats  # pylint: disable=g-import-not-at-top
   r = load(preset, results_dir)
   c = r['comparisons']
-  minutes = sum(r['timings'].values()) / 60
+  runs, minutes = _runs_and_minutes(r)
+  if runs > 1:
+    core = ('masked_lm/realm_vs_baseline/masked_token_accuracy',
+            'recall/realm_vs_ict/recall@5_answer_in_corpus')
+    return '\n'.join(
+        [f'`realm-jax demo --preset={preset}`: '
+         f'{provenance(runs, r["machine"], minutes)}.', ''] +
+        repeats.comparison_rows(r['repeats'],
+                                {p: demo.COMPARISONS[p] for p in core}))
   rows = [('held-out masked accuracy (%): REALM vs the trained baseline',
            c['masked_lm']['realm_vs_baseline']['masked_token_accuracy'], 2)]
   if 'recall' in c:
     rows.append(('NQ recall@5 (%): REALM vs its ICT start',
                  c['recall']['realm_vs_ict']['recall@5'], 2))
   lines = [f'| `realm-jax demo --preset={preset}`: '
-           f'{provenance(1, r["machine"], minutes)} | A | B | '
+           f'{provenance(runs, r["machine"], minutes)} | A | B | '
            'A - B [95% interval] | |', '|---|---|---|---|---|']
   lines += [f'| {label} | {i["a"]:.{d}f} | {i["b"]:.{d}f} | '
             f'{bootstrap.describe(i, d)} | {verdict(i)} |' for label, i, d in rows]
@@ -136,8 +154,11 @@ def _comparison(preset: str, path: str, digits: int = 2,
 
 def comparisons(preset: str, results_dir: str = RESULTS) -> str:
   """A demo preset's comparisons table, as its own report gives it."""
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
-  return '\n'.join(demo.comparison_rows(load(preset, results_dir)))
+  from realm_jax import demo, repeats  # pylint: disable=g-import-not-at-top
+  r = load(preset, results_dir)
+  if 'repeats' in r:
+    return '\n'.join(repeats.comparison_rows(r['repeats'], demo.COMPARISONS))
+  return '\n'.join(demo.comparison_rows(r))
 
 
 def fine_tuning(results_dir: str = RESULTS) -> str:
@@ -150,7 +171,8 @@ def fine_tuning(results_dir: str = RESULTS) -> str:
 
 def preset_provenance(preset: str, results_dir: str = RESULTS) -> str:
   r = load(preset, results_dir)
-  return provenance(1, r['machine'], sum(r['timings'].values()) / 60)
+  runs, minutes = _runs_and_minutes(r)
+  return provenance(runs, r['machine'], minutes)
 
 
 DEMO_PRESETS = ('demo', 'reproduce', 'end_to_end', 'gpu')

@@ -61,6 +61,56 @@ def test_results_table_states_every_interval_and_what_did_not_run():
   assert 'the first ? layers' in text and 'steps of batch ?;' in text
 
 
+def test_a_repeated_preset_records_every_run_and_their_spread(
+    tmp_path, monkeypatch):
+  """Seeds 0..N-1 each in their own directory; the record is seed 0's
+  results (what the next run plans from) with the spread and every run,
+  and the README's figures read it as a mean over runs."""
+  from realm_jax import record, stage_plan  # pylint: disable=g-import-not-at-top
+  row = lambda accuracy: {'queries': 3286, 'masked_token_accuracy': accuracy,
+                          'loss': 7.0, 'retrieval_utility': 0.01}
+
+  def run(work_dir, preset, docs_dir, seed):
+    assert docs_dir is None and work_dir == str(tmp_path / f'seed_{seed}')
+    return {
+        'preset': preset, 'seed': seed,
+        'sizes': {'pretrain_steps': 100, 'ablations': False},
+        'machine': {'cpu': 'AMD EPYC', 'cores': 2,
+                    'matmul_2048_gflops': 150.0, 'commit': 'abc1234'},
+        'masked_lm': {'realm': row(0.25 + seed / 100), 'baseline': row(0.1)},
+        'recall_realm': {'top-5_answer_in_corpus': 20.0 + seed},
+        'comparisons': {'masked_lm': {'realm_vs_baseline': {
+            'masked_token_accuracy': _interval(25.0 + seed, 10.0)}}},
+        'timings': {'corpus': 60.0, 'pretrain_realm': 60.0 * (1 + seed)}}
+
+  monkeypatch.setattr(demo, 'run', run)
+  monkeypatch.setattr(demo.curves, 'plot_curves', lambda *args: None)
+  docs = tmp_path / 'docs'
+  docs.mkdir()
+  kept = demo.run_repeats(str(tmp_path), 'demo', str(docs), 3)
+  saved = json.loads((docs / 'demo.json').read_text())
+  assert saved == json.loads(json.dumps(kept))
+  assert [r['seed'] for r in saved['runs']] == [0, 1, 2]
+  assert saved['seed'] == 0 and saved['timings'] == saved['runs'][0]['timings']
+  figures = saved['repeats']['figures']
+  assert figures['held-out masked accuracy of REALM (%)']['values'] == [
+      25.0, 26.0, 27.0]
+  assert figures['whole preset (minutes)']['mean'] == 3.0
+  accuracy = saved['repeats']['comparisons'][
+      'masked_lm/realm_vs_baseline/masked_token_accuracy']
+  assert (accuracy['mean'], accuracy['runs_above_zero']) == (16.0, 3)
+  assert stage_plan.recorded('demo', docs)['timings'] == run(
+      str(tmp_path / 'seed_0'), 'demo', None, 0)['timings']
+  text = (docs / 'demo.md').read_text()
+  assert text.startswith('# realm-jax `demo` over 3 runs')
+  assert '# Seed 0 in full' in text and 'Commit: abc1234' in text
+  assert record.preset_provenance('demo', str(docs)).startswith(
+      'the mean of 3 runs, commit abc1234')
+  table = record.demo_table(str(docs))
+  assert '+16.00 | +15.00 to +17.00 | +15.00 [+14.00, +16.00]' in table
+  assert '| 3 of 3 |' in table
+
+
 def test_the_end_to_end_section_states_both_towers_and_the_cost():
   recall = {'recall@5_answer_in_corpus': _interval(15.0, 18.0)}
   results = {

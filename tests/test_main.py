@@ -73,7 +73,7 @@ def _run(argv, capsys) -> tuple[int, str]:
 # needs, when not the zebra's]); {names} are `places`.
 BAD_INVOCATIONS = [
     (['demo', '--work_dir={file}'], 'is a file'),
-    (['demo', '--repeats=3'], '--repeats and --lockstep are for the world'),
+    (['demo', '--lockstep'], '--lockstep is for the world presets'),
     (['demo', '--preset=world', '--repeats=0'], '--repeats=0: at least 1'),
     (['data', 'build-corpus', '--jsonl={missing}', '--output_dir={tmp}/c'],
      'No JSONL file of articles {missing}'),
