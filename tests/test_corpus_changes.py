@@ -2,7 +2,6 @@
 brought up to date by embedding the added blocks alone."""
 
 import json
-import os
 import shutil
 
 import gin
@@ -127,6 +126,7 @@ def test_a_transaction_killed_at_any_step_is_undone_or_finished(
     """SIGKILL: nothing after it runs, no clean-up either."""
 
   steps = []
+  local = type(epath.Path(zebra_corpus))  # epath's class for local paths.
 
   def killing(name, real, at):
     def step(*args, **kwargs):
@@ -143,9 +143,9 @@ def test_a_transaction_killed_at_any_step_is_undone_or_finished(
       shutil.rmtree(f'{zebra_corpus}.{left}', ignore_errors=True)
     shutil.copytree(pristine, zebra_corpus)
     with monkeypatch.context() as patch:
-      for module, name in ((os, 'rename'), (shutil, 'rmtree'),
-                           (shutil, 'copytree')):
-        patch.setattr(module, name, killing(name, getattr(module, name), at))
+      for owner, name in ((local, 'rename'), (local, 'rmtree'),
+                          (corpus_changes, '_copy_tree')):
+        patch.setattr(owner, name, killing(name, getattr(owner, name), at))
       try:
         replace()
       except Killed:
@@ -159,7 +159,7 @@ def test_a_transaction_killed_at_any_step_is_undone_or_finished(
   kill_points = len(steps)
   # `recover`'s removal of a copy left, the copy, the new shard's rename,
   # the swap's two renames, the old corpus removed.
-  assert steps == ['rmtree', 'copytree', 'rename', 'rename', 'rename',
+  assert steps == ['rmtree', '_copy_tree', 'rename', 'rename', 'rename',
                    'rmtree'], steps
   for at in range(1, kill_points + 1):
     killed_in = attempt(at)

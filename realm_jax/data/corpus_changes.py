@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 
 import numpy as np
 from etils import epath
@@ -38,39 +37,50 @@ REMOVED = 'removed_block_ids'
 LINEAGE = 'lineage'
 
 
-def _beside(corpus_dir: str, what: str) -> str:
-  return f'{os.path.normpath(corpus_dir)}.{what}'
+def _beside(corpus_dir: str, what: str) -> epath.Path:
+  path = epath.Path(corpus_dir)
+  return path.parent / f'{path.name}.{what}'
+
+
+def _copy_tree(source: epath.Path, target: epath.Path) -> None:
+  for directory, _, files in source.walk():
+    into = target / directory.relative_to(source)
+    into.mkdir(parents=True, exist_ok=True)
+    for name in files:
+      (directory / name).copy(into / name)
 
 
 def recover(corpus_dir: str) -> None:
   """Ends what a killed `transaction` left: a copy swapped half in is
   swapped in whole (the original had been moved aside only once the copy
   was complete), and a copy not yet complete is dropped."""
+  path = epath.Path(corpus_dir)
   staged, replaced = (_beside(corpus_dir, w) for w in ('staged', 'replaced'))
-  if os.path.isdir(replaced):
-    if not os.path.isdir(corpus_dir):
-      os.rename(staged, corpus_dir)
-    shutil.rmtree(replaced)
-  shutil.rmtree(staged, ignore_errors=True)
+  if replaced.is_dir():
+    if not path.is_dir():
+      staged.rename(path)
+    replaced.rmtree()
+  staged.rmtree(missing_ok=True)
 
 
 @contextlib.contextmanager
 def transaction(corpus_dir: str):
-  """Yields a copy of the (local) corpus to change, swapped in when the
-  block ends, so that a kill at any point leaves the corpus as it was or
-  with every change once `recover` ran (the next transaction runs it
-  first), and an error in the block leaves it as it was."""
+  """Yields a copy of the corpus to change, swapped in when the block ends,
+  so that a kill at any point leaves the corpus as it was or with every
+  change once `recover` ran (the next transaction runs it first), and an
+  error in the block leaves it as it was."""
   recover(corpus_dir)
+  path = epath.Path(corpus_dir)
   staged, replaced = (_beside(corpus_dir, w) for w in ('staged', 'replaced'))
-  shutil.copytree(corpus_dir, staged)
+  _copy_tree(path, staged)
   try:
-    yield staged
+    yield os.fspath(staged)
   except Exception:  # The change refused: no copy left behind.
-    shutil.rmtree(staged, ignore_errors=True)
+    staged.rmtree(missing_ok=True)
     raise
-  os.rename(corpus_dir, replaced)
-  os.rename(staged, corpus_dir)
-  shutil.rmtree(replaced)
+  path.rename(replaced)
+  staged.rename(path)
+  replaced.rmtree()
 
 
 def removed_ids(metadata: dict) -> np.ndarray:
