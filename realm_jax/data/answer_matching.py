@@ -119,11 +119,11 @@ class CorpusAnswers:
 
   def holds(self, block_id: int, references: Sequence[str],
             is_regex: bool) -> bool:
-    text = self._bodies[block_id]
     if is_regex:
-      return _pattern_in(unicodedata.normalize('NFD', text), references)
-    if block_id not in self._spaced:
-      self._spaced[block_id] = _spaced(answer_tokens(text))
+      return _pattern_in(unicodedata.normalize('NFD', self._bodies[block_id]),
+                         references)
+    if block_id not in self._spaced:  # Decoded and tokenized once.
+      self._spaced[block_id] = _spaced(answer_tokens(self._bodies[block_id]))
     return _tokens_in(self._spaced[block_id], references)
 
   def anywhere(self, questions: Sequence[tuple[Sequence[str], bool]],

@@ -16,6 +16,7 @@ is written as a JSONL row with its retrieved blocks; the retrievals can
 also be written as the files DPR's, Pyserini's and trec_eval's scorers read.
 """
 
+import functools
 import hashlib
 import json
 import logging
@@ -174,6 +175,8 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   in_corpus = answers_in_corpus(predictor.retrieval.corpus_dir,
                                 corpus_answers, len(texts.bodies),
                                 [(r, regex) for r in references_of])
+  # A block's title decoded once, not once for each question retrieving it.
+  title = functools.cache(lambda block_id: texts.titles.get(block_id, ''))
   rows = []
   for index, (example, references) in enumerate(zip(examples,
                                                     references_of)):
@@ -191,7 +194,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
         'answer_in_top': {str(k): rank is not None and rank <= k
                           for k in ks},
         'answer_in_corpus': in_corpus and in_corpus[index],
-        'retrieved': [{'block_id': i, 'title': texts.titles.get(i, ''),
+        'retrieved': [{'block_id': i, 'title': title(i),
                        'score': s, 'has_answer': hit}
                       for (i, s), hit in zip(retrieved, hits)],
     }
