@@ -139,7 +139,7 @@ class CorpusAnswers:
     """
     found = [False] * len(questions)
     strings = []  # (question, its references' token tuples)
-    # first token -> length -> the references' token tuples not yet seen.
+    # first token -> length -> the references' token tuples.
     wanted: dict[str, dict[int, set]] = {}
     patterns = {}  # question -> its compiled patterns, until one is found
     for q, (references, is_regex) in enumerate(questions):
