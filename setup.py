@@ -20,6 +20,7 @@ INSTALL_REQUIRES = [
     'safetensors>=0.4',
     'matplotlib>=3.8',
     'regex>=2023.0',  # DPR's has_answer: its tokenizer's \p{L} classes.
+    'google-crc32c>=1.5',  # checksums.py: CRC-32C in compiled code.
 ]
 # The TensorFlow stack (realm_jax/extras.py): building corpora from raw text,
 # the seqio tasks, spaCy's salient-span annotation, ScaNN, the t5x adapter.

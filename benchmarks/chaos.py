@@ -2,7 +2,7 @@
 damaged and starved over and over, then checked against an undisturbed run.
 
   python -m benchmarks.chaos [--faults 200] [--work_dir DIR] [--seed 0]
-      [--output docs/results/chaos.json]
+      [--only VARIANT] [--output docs/results/chaos.json]
 
 Both jobs run as `realm-jax train` and `realm-jax refresh` do, on the tiny
 model and the first 60 Wikipedia leads, with the index schedule fixed
@@ -18,7 +18,9 @@ its last step; faults come one at a time while it runs:
   damage checkpoint / damage index
                    both killed, then the newest step damaged (a file
                    truncated, a commit marker deleted, garbage written into
-                   its metadata) before both restart;
+                   its metadata, or one bit of its items' bytes flipped, at
+                   a position drawn uniformly over them) before both
+                   restart;
   stop builder     SIGSTOP for seconds, then SIGCONT.
 After each episode it checks, and counts per fault: the trainer resumed from
 the newest whole checkpoint; each damaged step was refused with its file
@@ -81,9 +83,11 @@ FAULTS = [('kill trainer', 'any moment'),
           ('damage checkpoint', 'truncated file'),
           ('damage checkpoint', 'commit marker deleted'),
           ('damage checkpoint', 'garbage metadata'),
+          ('damage checkpoint', 'bit flipped'),
           ('damage index', 'truncated file'),
           ('damage index', 'commit marker deleted'),
           ('damage index', 'garbage metadata'),
+          ('damage index', 'bit flipped'),
           ('stop builder', 'seconds stopped')]
 TEMPORARY = ('*.orbax-checkpoint-tmp*', 'pruned/*', '.*')
 EPISODE_SECONDS = 900  # Without a finished run by then, the episode failed.
@@ -294,6 +298,8 @@ class Episode:
       markers = [p for _, p in files if p.endswith('commit_success.txt')]
       path = self.rng.choice(markers)
       os.remove(path)
+    elif variant == 'bit flipped':
+      path = self.flip_a_bit(where)
     else:
       names = (['data_position/metadata', '_CHECKPOINT_METADATA']
                if what == 'checkpoint' else ['metadata/metadata'])
@@ -306,8 +312,27 @@ class Episode:
                          'trainer_start': self.trainer.starts,
                          'builder_start': self.builder.starts})
     self.stepping(row)
-    return {'phase': 'both killed', 'damaged': os.path.relpath(
+    return {'phase': f'both killed, {variant}', 'damaged': os.path.relpath(
         path, self.model_dir)}
+
+  def flip_a_bit(self, step_dir: str) -> str:
+    """Flips one bit of the step's items, drawn uniformly over their bytes
+    (Orbax's commit markers and the checksums themselves aside: they are
+    written after, or are, what is checked); returns the file."""
+    files = [p for p in glob.glob(os.path.join(step_dir, '*', '**', '*'),
+                                  recursive=True)
+             if os.path.isfile(p) and os.path.basename(p) not in (
+                 'commit_success.txt', 'checksums.json')]
+    sizes = np.array([os.path.getsize(p) for p in files])
+    bit = self.rng.randrange(int(sizes.sum()) * 8)
+    index = int(np.searchsorted(np.cumsum(sizes) * 8, bit, side='right'))
+    path, offset = files[index], bit - int(sizes[:index].sum()) * 8
+    with open(path, 'r+b') as f:
+      f.seek(offset // 8)
+      byte = f.read(1)[0]
+      f.seek(offset // 8)
+      f.write(bytes([byte ^ 1 << offset % 8]))
+    return path
 
   def finish(self) -> bool:
     """Lets both jobs end; False if they did not within the time left."""
@@ -423,11 +448,17 @@ def reference_losses(work_dir: str, env: dict, steps: int) -> dict:
   return losses
 
 
-def fault_order(count: int, rng: random.Random) -> list[tuple[str, str]]:
+def fault_order(count: int, rng: random.Random, only: str | None = None
+                ) -> list[tuple[str, str]]:
   """`count` faults: the kinds in turn (so each comes once in the first six),
-  each kind's variants in turn, in a random order within each round."""
+  each kind's variants in turn, in a random order within each round; with
+  `only`, the faults whose variant is it."""
+  chosen = [f for f in FAULTS if only in (None, f[1])]
+  if not chosen:
+    raise ValueError(f'No fault is {only!r}; the variants: '
+                     f'{sorted({v for _, v in FAULTS})}.')
   variants = collections.defaultdict(list)
-  for kind, variant in FAULTS:
+  for kind, variant in chosen:
     variants[kind].append(variant)
   for kind in variants:
     rng.shuffle(variants[kind])
@@ -442,10 +473,10 @@ def fault_order(count: int, rng: random.Random) -> list[tuple[str, str]]:
 
 
 def run(num_faults: int, work_dir: str, seed: int = 0, steps: int = 40,
-        pace: float = 1.0) -> dict:
-  """Undisturbed, then `num_faults` faults over as many `steps`-step
-  episodes as they take; the faults' and the episodes' records. `pace`
-  scales the waits (see `Episode`)."""
+        pace: float = 1.0, only: str | None = None) -> dict:
+  """Undisturbed, then `num_faults` faults (of variant `only`, if given)
+  over as many `steps`-step episodes as they take; the faults' and the
+  episodes' records. `pace` scales the waits (see `Episode`)."""
   rng = random.Random(seed)
   corpora = os.path.join(work_dir, 'corpora')
   if not os.path.isdir(os.path.join(corpora, 'wiki_leads')):
@@ -460,7 +491,7 @@ def run(num_faults: int, work_dir: str, seed: int = 0, steps: int = 40,
          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
   started = time.perf_counter()
   reference = reference_losses(work_dir, env, steps)
-  order, records, episodes = fault_order(num_faults, rng), [], []
+  order, records, episodes = fault_order(num_faults, rng, only), [], []
   print(f'undisturbed run: {steps} steps in '
         f'{time.perf_counter() - started:.0f}s; {num_faults} faults to go',
         flush=True)
@@ -531,6 +562,9 @@ def main(argv=None) -> dict:
                                    description=__doc__.split('\n\n')[0])
   parser.add_argument('--faults', type=int, default=200)
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--only', default=None, metavar='VARIANT',
+                      help="Inject only this variant of fault (e.g. 'bit "
+                      "flipped': every damage kind's).")
   parser.add_argument('--steps', type=int, default=40,
                       help='Steps of each episode (checkpoints and index '
                       f'steps every {INTERVAL}).')
@@ -542,12 +576,13 @@ def main(argv=None) -> dict:
                       'work directory).')
   args = parser.parse_args(argv)
   work_dir = args.work_dir or tempfile.mkdtemp(prefix='realm-chaos-')
-  result = run(args.faults, work_dir, args.seed, args.steps)
+  result = run(args.faults, work_dir, args.seed, args.steps, only=args.only)
   # pylint: disable-next=g-import-not-at-top
   from realm_jax import demo
   result.update({'machine': demo.machine(), 'date': str(datetime.date.today()),
                  'steps_per_episode': args.steps, 'lockstep_interval': INTERVAL,
-                 'seed': args.seed, 'summary': summary(result)})
+                 'seed': args.seed, 'only': args.only,
+                 'summary': summary(result)})
   print(table(result['summary']))
   output = args.output or os.path.join(work_dir, 'chaos.json')
   with open(output, 'w') as f:

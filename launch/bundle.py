@@ -4,8 +4,8 @@ run the core on the demo's data, in one directory of at most 64 MiB.
   python -m launch.bundle --output_dir=bundle      # build (needs the TF extra)
   python -m launch.bundle --check bundle           # verify (no TF needed)
 
-The parts: wheels/ (what the GPU image lacks: gin-config), corpora/ (each
-corpus's metadata.json and block store, not its TFRecord shards), arrays/
+The parts: wheels/ (what the GPU image lacks: gin-config and google-crc32c),
+corpora/ (each corpus's metadata.json and block store, not its TFRecord shards), arrays/
 (the runs' examples, pre-tokenized by `input_pipeline.export`, as `realm-jax
 data export` writes them: for pre-training, the corpus's sentences and
 salient spans, which its queries are drawn from), minilm/ (MiniLM's
@@ -31,7 +31,7 @@ import sys
 import numpy as np
 from etils import epath
 
-from realm_jax import errors
+from realm_jax import checksums, errors
 from realm_jax.data import block_store, corpus, example_arrays
 
 LIMIT_MIB = 64
@@ -40,7 +40,7 @@ MANIFEST = 'manifest.json'
 VOCAB = 'minilm/vocab.txt'
 # What the GPU image (Python 3.12, jax 0.11 with CUDA 13, flax, optax, orbax,
 # numpy 2, etils, safetensors, ...) lacks, and the wheels that fit it.
-WHEELS = ('gin-config==0.5.0',)
+WHEELS = ('gin-config==0.5.0', 'google-crc32c==1.9.0')
 TARGET_PYTHON = '3.12'
 PLATFORMS = ('manylinux_2_28_x86_64', 'manylinux_2_17_x86_64',
              'manylinux2014_x86_64', 'any')
@@ -187,6 +187,7 @@ def _corpus(target: pathlib.Path, name: str) -> dict:
     values = store.arrays[array]  # A store written before ids were compact:
     np.save(os.fspath(directory / f'{array}.npy'), example_arrays.compact(
         values) if array == 'token_ids' else values)
+  checksums.write(directory)
   (target / name / corpus.METADATA).write_bytes(
       (epath.Path(source) / corpus.METADATA).read_bytes())
   return {'corpus_fingerprint': metadata['corpus_fingerprint'],

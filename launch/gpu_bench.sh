@@ -5,11 +5,11 @@
 #   launch/gpu_bench.sh [more flags of python -m benchmarks.run]
 #
 # What it does:
-#   - gin-config, which the model code imports, comes from the bundle's
-#     wheels (bundle/wheels/*.whl, `make bundle-gpu`; for this command
-#     alone `pip download --no-deps -d bundle/wheels gin-config==0.5.0`
-#     is enough) installed into /tmp/site (SITE_DIR) with no network,
-#     unless the image already has it;
+#   - gin-config and google-crc32c, which the model code imports, come
+#     from the bundle's wheels (bundle/wheels/*.whl, `make bundle-gpu`; for
+#     this command alone `pip download --no-deps -d bundle/wheels
+#     gin-config==0.5.0 google-crc32c==1.9.0` is enough) installed into
+#     /tmp/site (SITE_DIR) with no network, unless the image has them;
 #   - MiniLM-L6's weights are read from bundle/minilm when it is there;
 #   - `python -m benchmarks.run --accelerator` runs every row in
 #     BUDGET_S seconds (default 380), each benchmark in its share: a row
@@ -25,13 +25,13 @@ budget=${BUDGET_S:-380}
 hard_limit=${HARD_LIMIT_S:-415}
 mkdir -p "$out"
 site=${SITE_DIR:-/tmp/site}
-if ! python3 -c 'import gin' 2>/dev/null; then
+if ! python3 -c 'import gin, google_crc32c' 2>/dev/null; then
   shopt -s nullglob
   wheels=(bundle/wheels/*.whl)
   if ((${#wheels[@]} == 0)); then
-    echo "gin-config is not installed and bundle/wheels/ holds no wheel:" \
-      "put the bundle of make bundle-gpu in bundle/, or pip install" \
-      "gin-config." >&2
+    echo "gin-config or google-crc32c is not installed and bundle/wheels/" \
+      "holds no wheel: put the bundle of make bundle-gpu in bundle/, or" \
+      "pip install gin-config google-crc32c." >&2
     exit 2
   fi
   python3 -m pip install -q --no-index --no-deps --target "$site" \

@@ -83,6 +83,15 @@ class DamagedStepError(UserError, RuntimeError):
     self.path, self.file = str(path), str(file)
 
 
+class ChecksumMismatch(UserError, RuntimeError):
+  """A file whose bytes differ from the CRC-32C written with it, or that
+  its directory's checksums.json lists but that is gone. `file`: it."""
+
+  def __init__(self, file, problem: str):
+    super().__init__(f'{file}: {problem}.')
+    self.file, self.problem = str(file), problem
+
+
 class TrainerRunning(UserError, RuntimeError):
   """Another process trains in this model_dir."""
 

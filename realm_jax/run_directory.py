@@ -43,6 +43,7 @@ files fail to read, with `DamagedStepError` naming the file, so that no reader
 uses half a step left by a crash or a damaged disk.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -54,7 +55,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax.errors import DamagedStepError, NotFound
+from realm_jax import checksums
+from realm_jax.errors import ChecksumMismatch, DamagedStepError, NotFound
 
 CONFIG = 'config.gin'
 CHECKPOINTS = 'checkpoints'
@@ -80,6 +82,38 @@ SCANN = 'scann'
 # Listings retried at once when a step vanishes under one: the writer's
 # rename is over by then, so the next listing is clean.
 LISTING_ATTEMPTS = 5
+
+
+# The handlers of every item realm-jax saves: Orbax's, each also writing the
+# item's checksums.json (`checksums`) before Orbax commits it. Every manager
+# saves and restores through these args, so that whichever manager reads a
+# step, Orbax finds the one handler of each item.
+StandardHandler = checksums.checksummed(ocp.StandardCheckpointHandler)
+JsonHandler = checksums.checksummed(ocp.JsonCheckpointHandler)
+
+
+@ocp.args.register_with_handler(StandardHandler, for_save=True)
+@dataclasses.dataclass
+class StandardSave(ocp.args.StandardSave):
+  pass
+
+
+@ocp.args.register_with_handler(StandardHandler, for_restore=True)
+@dataclasses.dataclass
+class StandardRestore(ocp.args.StandardRestore):
+  pass
+
+
+@ocp.args.register_with_handler(JsonHandler, for_save=True)
+@dataclasses.dataclass
+class JsonSave(ocp.args.JsonSave):
+  pass
+
+
+@ocp.args.register_with_handler(JsonHandler, for_restore=True)
+@dataclasses.dataclass
+class JsonRestore(ocp.args.JsonRestore):
+  pass
 
 
 def params_item(name: str) -> str:
@@ -206,7 +240,8 @@ def _where(manager: ocp.CheckpointManager, step) -> epath.Path:
 
 def check_committed(step_dir, items=None) -> None:
   """Raises DamagedStepError unless the step and its `items` (default all
-  of them) carry Orbax's commit file, and the step's own metadata reads."""
+  of them) carry Orbax's commit file, the step's own metadata reads, and
+  each item's files match the CRC-32C saved with them (`checksums`)."""
   step_dir = epath.Path(step_dir)
   names = items if items is not None else [
       p.name for p in step_dir.iterdir() if p.is_dir()]
@@ -221,6 +256,11 @@ def check_committed(step_dir, items=None) -> None:
         raise ValueError('not a JSON object')
     except ValueError as error:  # UnicodeDecodeError is one too.
       raise DamagedStepError(step_dir, own, str(error)) from error
+  for name in names:
+    try:
+      checksums.verify(step_dir / name)
+    except ChecksumMismatch as error:
+      raise DamagedStepError(step_dir, error.file, error.problem) from error
 
 
 def _damaged_file(step_dir: epath.Path, items) -> epath.Path:
@@ -387,7 +427,7 @@ def restore_retriever_params(checkpoints: ocp.CheckpointManager, step: int):
   """Only the towers' parameters of a trainer step (not reader or optimizer);
   None if the trainer pruned the step meanwhile."""
   restored = restore(checkpoints, step, ocp.args.Composite(**{
-      RETRIEVER_ITEM: ocp.args.StandardRestore()}))
+      RETRIEVER_ITEM: StandardRestore()}))
   return None if restored is None else _in_current_layout(
       str(epath.Path(checkpoints.directory).parent),
       restored[RETRIEVER_ITEM])
@@ -444,7 +484,7 @@ def restore_params(model_dir: str, step: int | None = None,
         epath.Path(manager.directory) / str(step) / params_item(name)
     ).is_dir()]
     restored = restore(manager, step, ocp.args.Composite(**{
-        params_item(n): ocp.args.StandardRestore() for n in names}))
+        params_item(n): StandardRestore() for n in names}))
     return None if restored is None else _in_current_layout(model_dir, {
         n: jax.device_get(restored[params_item(n)]) for n in names})
 

@@ -14,7 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from realm_jax import embedded, main, run_directory
+from realm_jax import checksums, embedded, main, run_directory
 from realm_jax.data import corpus, open_qa, salient_spans
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
@@ -115,6 +115,27 @@ def build_leads_corpus(root, tokenizer, num_leads: int,
   return str(root)
 
 
+def flip_a_bit(path, seed: int = 0) -> int:
+  """Flips one bit of the file at `path`, as a bad disk or memory would;
+  returns its position (byte * 8 + bit)."""
+  size = os.path.getsize(path)
+  position = np.random.default_rng(seed).integers(size * 8)
+  with open(path, 'r+b') as f:
+    f.seek(position // 8)
+    byte = f.read(1)[0]
+    f.seek(position // 8)
+    f.write(bytes([byte ^ 1 << position % 8]))
+  return int(position)
+
+
+def largest_file(directory) -> str:
+  """The largest file under `directory` but its checksums: an item's array
+  data."""
+  return max((os.path.join(root, name) for root, _, names in
+              os.walk(directory) for name in names
+              if name != checksums.MANIFEST), key=os.path.getsize)
+
+
 def tiny_retriever():
   """gin/models/tiny.gin's towers, as the trainer stand-ins build them."""
   return Retriever(BertConfig(hidden_size=128, num_layers=2, num_heads=2,
@@ -137,7 +158,7 @@ class TrainerStandIn:
   def save(self, step):
     self.params = jax.tree.map(lambda x: x * 1.01, self.params)
     self.checkpoints.save(step, args=ocp.args.Composite(**{
-        run_directory.RETRIEVER_ITEM: ocp.args.StandardSave(self.params)}))
+        run_directory.RETRIEVER_ITEM: run_directory.StandardSave(self.params)}))
     self.checkpoints.wait_until_finished()
     self.saved[step] = self.params
 

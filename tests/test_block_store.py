@@ -8,7 +8,7 @@ import pytest
 from realm_jax import errors, extras
 from realm_jax.data import block_store, corpus, corpus_changes
 from realm_jax.index.embed import block_arrays
-from tests.helpers import ARTICLES
+from tests.helpers import ARTICLES, flip_a_bit
 
 pytestmark = pytest.mark.unit
 
@@ -72,26 +72,35 @@ def test_later_readers_map_the_store_and_a_changed_corpus_gets_a_new_one(
   assert len(now) == 1 and now != written  # The stale store is gone.
 
 
+def _spoil(path, damage: str) -> None:
+  if damage == 'garbage':
+    path.write_bytes(b'garbage')
+  else:  # Unguarded, a flipped token id would be read as it is.
+    flip_a_bit(path, seed=1)
+
+
+@pytest.mark.parametrize('damage', ['garbage', 'a bit flipped'])
 def test_a_damaged_store_is_read_again_from_the_shards(zebra_corpus,
-                                                       tmp_path):
+                                                       tmp_path, damage):
   block_store.open_store(zebra_corpus)
   store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
                    if p.name.startswith(block_store.PREFIX))
-  (store_dir / 'titles.npy').write_bytes(b'garbage')
+  _spoil(store_dir / 'token_ids.npy', damage)
   store = block_store.open_store(zebra_corpus)
   assert store.title(0) == ARTICLES[0]['title']
   assert isinstance(block_store.open_store(zebra_corpus).arrays['titles'],
                     np.memmap)  # Written afresh.
 
 
+@pytest.mark.parametrize('damage', ['garbage', 'a bit flipped'])
 def test_without_tensorflow_a_damaged_store_is_kept_and_named(
-    zebra_corpus, tmp_path, monkeypatch):
+    zebra_corpus, tmp_path, monkeypatch, damage):
   """Where the shards cannot be read (no TensorFlow, as on a GPU machine),
   the store is the corpus's only copy: refused by name, never removed."""
   block_store.open_store(zebra_corpus)
   store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
                    if p.name.startswith(block_store.PREFIX))
-  (store_dir / 'titles.npy').write_bytes(b'garbage')
+  _spoil(store_dir / 'titles.npy', damage)
 
   def no_tensorflow():
     raise extras.MissingExtra('Reading corpus shards needs tensorflow.')

@@ -15,7 +15,7 @@ import pytest
 from safetensors import safe_open
 
 from launch import bundle
-from realm_jax import embedded, errors
+from realm_jax import checksums, embedded, errors
 from realm_jax.data import block_store, corpus
 from realm_jax.models import pretrained
 from tests import test_tf_free
@@ -69,7 +69,8 @@ def test_the_bundle_holds_every_part_under_the_limit(built, small_corpus):
   store = f'{block_store.PREFIX}{fingerprint[:16]}'
   assert sorted(os.listdir(corpus_dir)) == [store, 'metadata.json']
   assert sorted(os.listdir(corpus_dir / store)) == sorted(
-      f'{name}.npy' for name in block_store.ARRAYS)
+      [*(f'{name}.npy' for name in block_store.ARRAYS), checksums.MANIFEST])
+  checksums.verify(corpus_dir / store)
   assert np.load(corpus_dir / store / 'title_lengths.npy').shape == (
       source['num_blocks'],)
   runs = manifest['parts']['arrays']['runs']

@@ -24,3 +24,16 @@ def test_every_kind_of_fault_is_survived_with_the_same_losses(tmp_path):
   total = chaos.summary(result)[-1]
   assert total['recovered'] == total['losses identical'] == FAULTS, total
   assert total['steps lost or wrong'] == 0
+
+
+def test_a_flipped_bit_in_a_checkpoint_or_an_index_is_refused_by_name(
+    tmp_path):
+  result = chaos.run(num_faults=2, work_dir=str(tmp_path), seed=3, steps=20,
+                     pace=0.3, only='bit flipped')
+  assert sorted(f['kind'] for f in result['faults']) == [
+      'damage checkpoint', 'damage index']
+  for episode in result['episodes']:
+    assert episode['passed'], episode
+  assert all(f['outcome'] in ('refused', 'not read') for f in result['faults']
+             if f['damaged']), result['faults']
+  assert chaos.summary(result)[-1]['steps lost or wrong'] == 0

@@ -7,9 +7,10 @@ import gin
 import numpy as np
 import pytest
 
-from realm_jax import errors
+from realm_jax import checksums, errors
 from realm_jax.data import example_arrays, task_names
 from realm_jax.training import input_pipeline
+from tests.helpers import flip_a_bit
 
 ICT_SHAPES = {'query_token_ids': (32,), 'block_token_ids': (64,),
               'block_token_type_ids': (64,)}
@@ -92,6 +93,18 @@ def test_other_shapes_or_fingerprints_are_refused_naming_both(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize('name', ['x.npy', 'y.npy', example_arrays.METADATA])
+def test_a_flipped_bit_is_refused_naming_the_file(tmp_path, name):
+  """Unguarded, a flipped token id would be trained on as it is."""
+  _written(tmp_path)
+  flipped = tmp_path / 't' / 'train' / name
+  flip_a_bit(flipped)
+  with pytest.raises(errors.ChecksumMismatch,
+                     match=f'{flipped}: CRC-32C .* says'):
+    example_arrays.ExampleArrays(tmp_path / 't' / 'train')
+
+
+@pytest.mark.unit
 def test_missing_arrays_say_how_to_make_them(tmp_path):
   with pytest.raises(errors.NotFound, match='realm-jax data export'):
     example_arrays.ExampleArrays(tmp_path / 'nothing')
@@ -140,6 +153,7 @@ def test_arrays_of_a_changed_corpus_are_refused(small_corpus_env, tmp_path):
   metadata = tmp_path / task / 'train' / example_arrays.METADATA
   written = json.loads(metadata.read_text())
   metadata.write_text(json.dumps({**written, 'corpus_fingerprint': 'f00'}))
+  checksums.write(metadata.parent)  # As if exported from that corpus.
   _source(tmp_path)
   with pytest.raises(errors.IndexMismatchError,
                      match=f'corpus_fingerprint f00, but this run reads '

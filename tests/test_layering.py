@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'realm_jax'
 # Top-level modules every layer may use; they import none of the layers.
-SHARED = {'distributed', 'errors', 'extras', 'progress', 'embedded',
+SHARED = {'checksums', 'distributed', 'errors', 'extras', 'progress', 'embedded',
           'quiet', 'run_directory', 'run_guard', 'stage_plan'}
 LAYERS = {'data': 1, 'models': 2, 'index': 3, 'training': 3,
           'evaluation': 4, 'released': 4, 'aot': 5, 'demo': 5,

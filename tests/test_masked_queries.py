@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_jax import embedded, errors
+from realm_jax import checksums, embedded, errors
 from realm_jax.data import (block_store, corpus, example_arrays,
                             masked_queries, masking, salient_spans,
                             span_arrays, task_names)
@@ -267,6 +267,7 @@ def test_spans_of_another_vocabulary_or_corpus_are_refused_naming_both(
   metadata = json.loads((copied / example_arrays.METADATA).read_text())
   (copied / example_arrays.METADATA).write_text(json.dumps(
       {**metadata, field: 'f00'}))
+  checksums.write(copied)  # As if written from that vocabulary or corpus.
   examples = input_pipeline.Examples(source='arrays', arrays_dir=str(root))
   with pytest.raises(errors.IndexMismatchError,
                      match=f'{field} f00, but this run reads '

@@ -25,7 +25,7 @@ from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.train_state import TrainState
 from realm_jax.evaluation import qa_evaluation
 from tests.helpers import (TINY, BuilderStandIn, TrainerStandIn,
-                           tiny_retriever, train_tiny)
+                           flip_a_bit, largest_file, tiny_retriever, train_tiny)
 
 pytestmark = pytest.mark.integration
 
@@ -313,22 +313,28 @@ def test_the_builder_embeds_the_index_a_trainer_asks_for_first(dirs, tiny_gin):
   assert run_directory.reload(builder.index) == [3, 6]
 
 
+@pytest.mark.parametrize('damage', ['commit marker deleted', 'a bit flipped'])
 def test_the_builder_never_embeds_a_damaged_checkpoint(dirs, tiny_gin,
-                                                       caplog):
-  """Its commit marker gone, checkpoint 1 is refused and named once; saved
-  again whole (the trainer set it aside and trained it again), it is
-  embedded."""
+                                                       caplog, damage):
+  """Its commit marker gone, or a bit of its towers flipped, checkpoint 1 is
+  refused and named once; saved again whole (the trainer set it aside and
+  trained it again), it is embedded."""
   model_dir, corpus_dir = dirs
   trainer = TrainerStandIn(model_dir, corpus_dir)
   trainer.save(0), trainer.save(1)
   builder = IndexBuilder(model_dir, corpus_dir)
   builder.last = 0
-  marker = os.path.join(run_directory.checkpoints_dir(model_dir), '1',
-                        run_directory.RETRIEVER_ITEM, 'commit_success.txt')
-  os.remove(marker)
+  item = os.path.join(run_directory.checkpoints_dir(model_dir), '1',
+                      run_directory.RETRIEVER_ITEM)
+  if damage == 'a bit flipped':
+    damaged = largest_file(item)
+    flip_a_bit(damaged)
+  else:
+    damaged = os.path.join(item, 'commit_success.txt')
+    os.remove(damaged)
   assert builder.poll() == 'waiting' and builder.poll() == 'waiting'
   assert caplog.text.count('Not embedding step 1: Step ') == 1
-  assert marker in caplog.text
+  assert damaged in caplog.text
   assert not run_directory.reload(builder.index)
   run_directory.set_aside(run_directory.checkpoints_dir(model_dir), 1)
   trainer.checkpoints.reload()

@@ -23,12 +23,12 @@ import pytest
 from orbax.checkpoint._src.serialization import serialization
 
 import realm_jax
-from realm_jax import errors, run_directory, run_guard
+from realm_jax import checksums, errors, run_directory, run_guard
 from realm_jax.errors import CheckpointMismatch, CheckpointSaveFailed
 from realm_jax.models import bert
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.train_state import TrainState
-from tests.helpers import REPO
+from tests.helpers import REPO, flip_a_bit, largest_file
 
 # Orbax leaves reads of a damaged step's other arrays running after the
 # failed restore; they find their event loop closed.
@@ -333,7 +333,9 @@ def _write_bytes(path, data: bytes):
     f.write(data)
 
 
-# Each damage, the file and problem named, and what Orbax did unguarded.
+# Each damage, the file and problem named when the step carries no
+# checksums (written before realm-jax kept them), and what Orbax did
+# unguarded. With checksums, the damaged file is named by them.
 DAMAGE = {
     # ValueError OUT_OF_RANGE from TensorStore.
     'array data cut short': (_in('retriever_params/d', _cut_short),
@@ -365,16 +367,53 @@ DAMAGE = {
         lambda step: os.remove(os.path.join(step, 'commit_success.txt')),
         r'/2/commit_success.txt: missing'),
 }
+BY_CHECKSUMS = (r'/2/\w+/\S+: (CRC-32C [0-9a-f]{8}, but checksums.json says|'
+                r'missing, though checksums.json lists it)')
+
+
+def _unchecked(step_dir: str) -> None:
+  """The step as realm-jax wrote it before it kept checksums."""
+  for item in os.listdir(step_dir):
+    manifest = os.path.join(step_dir, item, checksums.MANIFEST)
+    if os.path.exists(manifest):
+      os.remove(manifest)
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize('checked', [True, False],
+                         ids=['with checksums', 'without'])
 @pytest.mark.parametrize('damage', list(DAMAGE))
 def test_a_damaged_newest_checkpoint_is_set_aside_for_the_one_before(
-    tmp_path, caplog, damage):
+    tmp_path, caplog, damage, checked):
   model_dir = str(tmp_path / 'run')
   _save(model_dir, 1, 2)
   spoil, named = DAMAGE[damage]
+  if not checked:
+    _unchecked(_step_dir(model_dir, 2))
+  elif damage != 'commit marker missing':  # Looked at before checksums.
+    named = BY_CHECKSUMS
   spoil(_step_dir(model_dir, 2))
+  _assert_set_aside_for_step_1(model_dir, caplog, named)
+
+
+@pytest.mark.unit
+def test_a_bit_flipped_in_a_checkpoint_is_named_by_its_checksum(
+    tmp_path, caplog):
+  """Unguarded, the flipped value would be restored."""
+  model_dir = str(tmp_path / 'run')
+  _save(model_dir, 1, 2)
+  flipped = largest_file(os.path.join(_step_dir(model_dir, 2),
+                                      'reader_params'))
+  flip_a_bit(flipped)
+  _assert_set_aside_for_step_1(
+      model_dir, caplog, re.escape(flipped) + r': CRC-32C [0-9a-f]{8}, but '
+      r'checksums.json says [0-9a-f]{8}: its bytes changed after it was '
+      'written')
+
+
+def _assert_set_aside_for_step_1(model_dir: str, caplog, named: str):
+  """Restoring the newest step passes over step 2, naming `named`, resumes
+  from step 1, and sets step 2 aside for the run to save it anew."""
   checkpoints = Checkpoints(model_dir, 1)
   with caplog.at_level(logging.WARNING, logger='realm_jax'):
     step, state, position = checkpoints.restore_newest(_abstract())

@@ -24,7 +24,7 @@ from realm_jax.data import corpus
 from realm_jax import run_directory
 from realm_jax.index import client as client_lib, publication, refresh
 from realm_jax.index.client import IndexClient
-from tests.helpers import DIM, BuilderStandIn, trainer_writer
+from tests.helpers import DIM, BuilderStandIn, flip_a_bit, trainer_writer
 
 pytestmark = pytest.mark.integration
 
@@ -252,7 +252,10 @@ def test_soak_the_builder_reading_beside_a_pruning_trainer(tmp_path, dirs):
 def _damage(step_dir: str, how: str) -> str:
   """Damages a published index step as a crash or a bad disk would; returns
   the file."""
-  if how == 'truncated embeddings':
+  if how == 'a bit flipped':
+    path = os.path.join(step_dir, 'embeddings', 'embeddings.npy')
+    flip_a_bit(path)
+  elif how == 'truncated embeddings':
     path = os.path.join(step_dir, 'embeddings', 'embeddings.npy')
     with open(path, 'r+b') as f:
       f.truncate(os.path.getsize(path) // 2)
@@ -270,7 +273,7 @@ def _damage(step_dir: str, how: str) -> str:
   return path
 
 
-@pytest.mark.parametrize('how', ['truncated embeddings',
+@pytest.mark.parametrize('how', ['a bit flipped', 'truncated embeddings',
                                  'commit marker deleted', 'garbage metadata',
                                  'wrong metadata'])
 def test_a_damaged_index_is_refused_named_and_set_aside(dirs, caplog, how):

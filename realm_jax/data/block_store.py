@@ -8,8 +8,10 @@ the shards, as .npy files that later readers memory-map: the token ids
 store is named by the corpus fingerprint, so a changed corpus (`corpus add`
 or `remove`) is never read from a stale one; it is written into a
 temporary directory and renamed, so a killed writer leaves none half
-written. A corpus on a remote or read-only file system is read from its
-shards each time.
+written. Its files' CRC-32C (`checksums`) are written with it and checked
+when it is opened; a store that fails them is read again from the shards.
+A corpus on a remote or read-only file system is read from its shards each
+time.
 
 The store is also the corpus of the TF-free core (`realm_jax.extras`):
 there the shards cannot be read, so a store must have been written where
@@ -22,7 +24,7 @@ import os
 import numpy as np
 from etils import epath
 
-from realm_jax import errors, extras
+from realm_jax import checksums, errors, extras
 from realm_jax.data import corpus, example_arrays
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,7 @@ def _write(directory: epath.Path, arrays: dict[str, np.ndarray]) -> None:
   staged.mkdir(exist_ok=True)  # A killed writer's, of a reused pid.
   for name in ARRAYS:
     np.save(os.fspath(staged / f'{name}.npy'), arrays[name])
+  checksums.write(staged)
   try:
     staged.rename(directory)
   except OSError:  # Another reader wrote it first.
@@ -133,10 +136,11 @@ def open_store(corpus_dir: str) -> BlockStore:
   damaged = None
   if local and directory.is_dir():
     try:
+      checksums.verify(directory)
       return BlockStore({name: np.load(os.fspath(directory / f'{name}.npy'),
                                        mmap_mode='r') for name in ARRAYS})
-    except (OSError, ValueError) as error:  # Damaged: read the shards.
-      damaged = error
+    except (OSError, ValueError, errors.ChecksumMismatch) as error:
+      damaged = error  # Read the shards.
   try:
     arrays = _read_shards(corpus_dir)
   except extras.MissingExtra as error:

@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from etils import epath
 
-from realm_jax import errors
+from realm_jax import checksums, errors
 
 ROOT_ENV = 'REALM_ARRAYS_DIR'
 METADATA = 'metadata.json'
@@ -95,9 +95,9 @@ def write(output: epath.Path, examples: Iterable[dict],
 
 def save(output: epath.Path, arrays: dict[str, np.ndarray], metadata: dict,
          texts: dict[str, str] | None = None) -> None:
-  """`arrays` as .npy files, `texts` (file name -> text) and `metadata` into
-  `output`: staged, then renamed, so that a killed writer leaves none half
-  written."""
+  """`arrays` as .npy files, `texts` (file name -> text), `metadata` and
+  their CRC-32C (`checksums`) into `output`: staged, then renamed, so that a
+  killed writer leaves none half written."""
   staged = output.parent / f'{output.name}.incomplete-{os.getpid()}'
   if staged.exists():
     staged.rmtree()
@@ -107,6 +107,7 @@ def save(output: epath.Path, arrays: dict[str, np.ndarray], metadata: dict,
   for name, text in (texts or {}).items():
     (staged / name).write_text(text)
   (staged / METADATA).write_text(json.dumps(metadata, indent=2))
+  checksums.write(staged)
   if output.exists():
     output.rmtree()
   staged.rename(output)
@@ -196,11 +197,13 @@ def check_sources(path, metadata: dict, expected: dict) -> None:
 
 
 def read_metadata(path: epath.Path, what: str, how: str) -> dict:
-  """The metadata.json of arrays of `what` at `path`; a missing one is
-  refused saying `how` to write them, an unreadable one named."""
+  """The metadata.json of arrays of `what` at `path`, once every file there
+  matches its CRC-32C; a missing one is refused saying `how` to write them,
+  an unreadable or changed file named."""
   meta = path / METADATA
   if not meta.is_file():
     raise errors.NotFound(f'No {what} at {path} ({METADATA} missing).', how)
+  checksums.verify(path)
   try:
     return json.loads(meta.read_text())
   except ValueError as error:

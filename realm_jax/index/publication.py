@@ -4,10 +4,11 @@ An index step (model_dir/index/<step>, see `run_directory`) holds the corpus
 embedded by the towers of trainer step `params_step` (the step itself,
 except for an index brought up to date with a changed corpus, see
 `corpus_sync`): its embeddings [N, D], its metadata (corpus fingerprint,
-block cut, size) and, for ScaNN, the searcher's own files. The builder
-publishes one per due checkpoint; the trainer publishes its first one when
-it starts without any. Readers check the metadata against their corpus and
-model before they search, and never return the corpus's removed blocks.
+block cut, size) and, for ScaNN, the searcher's own files; each item with
+the CRC-32C of its files (`checksums`). The builder publishes one per due
+checkpoint; the trainer publishes its first one when it starts without
+any. Readers check the metadata against their corpus and model before they
+search, and never return the corpus's removed blocks.
 """
 
 import dataclasses
@@ -21,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import distributed, errors, run_directory
+from realm_jax import checksums, distributed, errors, run_directory
 from realm_jax.data import corpus_changes
 from realm_jax.errors import IndexMismatchError
 from realm_jax.index.embed import DocumentEmbedder, embed_corpus
@@ -54,7 +55,7 @@ class Rows:
     return cls(array.shape, array.dtype, lambda start, stop: array[start:stop])
 
 
-class EmbeddingsHandler(ocp.CheckpointHandler):
+class EmbeddingsHandler(checksums.checksummed(ocp.CheckpointHandler)):
   """An index's embeddings as one .npy file, written a slice at a time.
 
   Orbax's standard handler copies an array twice on its way to disk, so a
@@ -97,7 +98,7 @@ class EmbeddingsRestore(ocp.args.CheckpointArgs):
   pass
 
 
-class ScannHandler(ocp.CheckpointHandler):
+class ScannHandler(checksums.checksummed(ocp.CheckpointHandler)):
   """Stores a ScaNN index as its own serialized files inside a checkpoint."""
 
   def save(self, directory: epath.Path, args: 'ScannSave') -> None:
@@ -169,7 +170,7 @@ def publish(manager: ocp.CheckpointManager, step: int,
         f'Index step {step} is already published in {manager.directory}.')
   rows = embeddings if isinstance(embeddings, Rows) else Rows.of(embeddings)
   items = {run_directory.EMBEDDINGS: EmbeddingsSave(rows),
-           run_directory.METADATA: ocp.args.JsonSave(metadata)}
+           run_directory.METADATA: run_directory.JsonSave(metadata)}
   if scann is not None:
     items[run_directory.SCANN] = ScannSave(scann)
   manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -208,7 +209,7 @@ def check_compatible(metadata: dict, corpus_metadata: dict, dim: int,
 def read_metadata(manager: ocp.CheckpointManager, step: int) -> dict | None:
   """The metadata of a published step; None if it was pruned meanwhile."""
   restored = run_directory.restore(manager, step, ocp.args.Composite(**{
-      run_directory.METADATA: ocp.args.JsonRestore()}))
+      run_directory.METADATA: run_directory.JsonRestore()}))
   return None if restored is None else restored[run_directory.METADATA]
 
 

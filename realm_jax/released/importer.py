@@ -265,7 +265,7 @@ def _save_params(model_dir: str, step: int, params: dict) -> None:
           create=False, enable_async_checkpointing=False,
           multiprocessing_options=run_directory.every_process()))
   manager.save(step, args=ocp.args.Composite(**{
-      run_directory.params_item(k): ocp.args.StandardSave(v)
+      run_directory.params_item(k): run_directory.StandardSave(v)
       for k, v in params.items()}))
   manager.wait_until_finished()
   run_directory.mark_training_done(model_dir)

@@ -18,7 +18,8 @@ not hold up training.
 
 A step that fails to restore is told apart: one laid out differently from
 what this code restores (the code or the config changed) stops the run
-(CheckpointMismatch); one with a damaged file or no commit marker
+(CheckpointMismatch); one with a damaged file, a file whose bytes fail the
+CRC-32C saved with them (`checksums`), or no commit marker
 (`errors.DamagedStepError`) is set aside into checkpoints/corrupt/ by
 `restore_newest`, which resumes from the step before. A save that fails on
 the disk (full, or any OS error) stops the run naming the last good step
@@ -36,7 +37,9 @@ from etils import epath
 from realm_jax import distributed, errors, run_directory
 from realm_jax.errors import CheckpointMismatch, CheckpointSaveFailed
 from realm_jax.run_directory import (DATA_POSITION, RETRIEVER_ITEM,
-                                     TRAIN_STATE, params_item)
+                                     TRAIN_STATE, JsonRestore, JsonSave,
+                                     StandardRestore, StandardSave,
+                                     params_item)
 from realm_jax.training.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -99,15 +102,15 @@ class Checkpoints:
     cross-process barriers must not interleave."""
     if force or self.due(step):
       manager = self.manager
-      items = {params_item(k): ocp.args.StandardSave(v)
+      items = {params_item(k): StandardSave(v)
                for k, v in state.params.items()}
-      items[TRAIN_STATE] = ocp.args.StandardSave(
+      items[TRAIN_STATE] = StandardSave(
           {'step': state.step, 'opt_state': state.opt_state,
            'rng': state.rng})
-      items[DATA_POSITION] = ocp.args.JsonSave(data_position)
+      items[DATA_POSITION] = JsonSave(data_position)
     elif self.snapshot_due(step):
       manager = self.snapshots
-      items = {RETRIEVER_ITEM: ocp.args.StandardSave(
+      items = {RETRIEVER_ITEM: StandardSave(
           state.params['retriever'])}
       force = True  # Due by `snapshot_due`, not by the manager's interval.
     else:
@@ -135,8 +138,8 @@ class Checkpoints:
     trees = {params_item(k): v for k, v in abstract.params.items()}
     trees[TRAIN_STATE] = {'step': abstract.step,
                           'opt_state': abstract.opt_state, 'rng': abstract.rng}
-    items = {k: ocp.args.StandardRestore(v) for k, v in trees.items()}
-    items[DATA_POSITION] = ocp.args.JsonRestore()
+    items = {k: StandardRestore(v) for k, v in trees.items()}
+    items[DATA_POSITION] = JsonRestore()
     where = epath.Path(self.directory) / str(step)
     try:
       run_directory.check_committed(where, list(items))

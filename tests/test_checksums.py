@@ -1,0 +1,92 @@
+"""CRC-32C manifests: every change to a file's bytes is named, nothing else
+is refused."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from realm_jax import checksums, errors
+from tests.helpers import flip_a_bit
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def written(tmp_path):
+  """A directory of two files, one in a sub-directory, with its manifest."""
+  rng = np.random.default_rng(0)
+  (tmp_path / 'sub').mkdir()
+  (tmp_path / 'a.npy').write_bytes(rng.bytes(64))
+  (tmp_path / 'sub' / 'b').write_bytes(rng.bytes(1000))
+  checksums.write(tmp_path)
+  return tmp_path
+
+
+def test_crc32c_is_castagnolis(tmp_path):
+  """The check value of CRC-32C (RFC 3720, B.4)."""
+  (tmp_path / 'check').write_bytes(b'123456789')
+  assert checksums.crc32c(tmp_path / 'check') == 0xe3069283
+
+
+def test_a_whole_directory_verifies(written):
+  manifest = json.loads((written / checksums.MANIFEST).read_text())
+  assert sorted(manifest['files']) == ['a.npy', 'sub/b']
+  checksums.verify(written)
+
+
+def test_every_single_bit_flip_is_named(written):
+  path = written / 'a.npy'
+  original = path.read_bytes()
+  for position in range(len(original) * 8):
+    flipped = bytearray(original)
+    flipped[position // 8] ^= 1 << position % 8
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(errors.ChecksumMismatch) as refused:
+      checksums.verify(written)
+    assert refused.value.file == str(path)
+    assert 'but checksums.json says' in str(refused.value)
+  path.write_bytes(original)
+  checksums.verify(written)
+
+
+def test_a_flip_deep_in_a_large_file_is_named(written):
+  path = written / 'sub' / 'b'
+  path.write_bytes(np.random.default_rng(1).bytes(40 << 20))
+  checksums.write(written)
+  flip_a_bit(path, seed=3)
+  with pytest.raises(errors.ChecksumMismatch, match=f'{path}: CRC-32C'):
+    checksums.verify(written)
+
+
+def test_a_listed_file_gone_is_named(written):
+  os.remove(written / 'sub' / 'b')
+  with pytest.raises(errors.ChecksumMismatch,
+                     match=r'sub/b: missing, though checksums.json lists it'):
+    checksums.verify(written)
+
+
+@pytest.mark.parametrize('text', ['{"files": {"a.npy": "zz"}}', '[1]',
+                                  '\x8b garbage'])
+def test_a_garbled_manifest_is_named(written, text):
+  (written / checksums.MANIFEST).write_text(text)
+  with pytest.raises(errors.ChecksumMismatch,
+                     match=f'{written / checksums.MANIFEST}: not a checksum'):
+    checksums.verify(written)
+
+
+def test_a_directory_without_a_manifest_is_read_unchecked(written, caplog):
+  os.remove(written / checksums.MANIFEST)
+  flip_a_bit(written / 'a.npy')
+  with caplog.at_level('INFO', logger='realm_jax'):
+    checksums.verify(written)
+    checksums.verify(written)
+  assert caplog.text.count('read unchecked') == 1
+
+
+def test_files_added_after_the_manifest_are_not_checked(written):
+  """Orbax's commit marker is written after `finalize`."""
+  (written / 'commit_success.txt').write_text('done')
+  (written / 'new').write_text('x')
+  checksums.verify(written)
