@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 MANIFEST = 'checksums.json'
 # Files Orbax writes after `finalize`, when it commits: not covered.
 _AFTER_FINALIZE = ('commit_success.txt',)
-_CHUNK = 16 << 20
+# Small enough that each read reuses the memory of the one before: 16 MiB
+# reads ran at a quarter of the rate, paging in fresh memory each time.
+_CHUNK = 256 << 10
 _unchecked_logged = set()
 _unchecked_lock = threading.Lock()
 
