@@ -41,13 +41,26 @@ _unchecked_logged = set()
 _unchecked_lock = threading.Lock()
 
 
+def extend(crc: int, chunk: bytes) -> int:
+  """The CRC-32C of the bytes before and `chunk`, from theirs (`crc`; 0
+  before any): TFRecord framing and TensorFlow checkpoints use it too."""
+  return google_crc32c.extend(crc, chunk)
+
+
+def masked(crc: int) -> int:
+  """`crc` as TFRecord framing and TensorFlow checkpoints store it: rotated
+  and offset, as LevelDB does, so that the CRC of bytes holding CRCs stays
+  informative."""
+  return ((crc >> 15 | crc << 17) + 0xa282ead8) & 0xffffffff
+
+
 def crc32c(path) -> int:
   """The CRC-32C of a file's bytes, read a chunk at a time."""
-  crc = google_crc32c.Checksum()
+  crc = 0
   with epath.Path(path).open('rb') as f:
     for chunk in iter(lambda: f.read(_CHUNK), b''):
-      crc.update(chunk)
-  return int.from_bytes(crc.digest(), 'big')
+      crc = extend(crc, chunk)
+  return crc
 
 
 def _files(directory: epath.Path) -> list[str]:

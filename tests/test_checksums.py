@@ -25,9 +25,13 @@ def written(tmp_path):
 
 
 def test_crc32c_is_castagnolis(tmp_path):
-  """The check value of CRC-32C (RFC 3720, B.4)."""
+  """The check value of CRC-32C (RFC 3720, B.4), whole or extended."""
   (tmp_path / 'check').write_bytes(b'123456789')
   assert checksums.crc32c(tmp_path / 'check') == 0xe3069283
+  assert checksums.extend(checksums.extend(0, b'1234'), b'56789') == (
+      0xe3069283)
+  (tmp_path / 'empty').write_bytes(b'')
+  assert checksums.crc32c(tmp_path / 'empty') == 0
 
 
 def test_a_whole_directory_verifies(written):

@@ -77,12 +77,6 @@ def test_only_process_0_writes(tmp_path, monkeypatch):
   assert not (tmp_path / 'run').exists()
 
 
-@pytest.mark.unit
-def test_crc32c_matches_the_standard_check_value():
-  assert metric_writer.crc32c(b'123456789') == 0xE3069283
-  assert metric_writer.crc32c(b'') == 0
-
-
 # Absent as on a machine without them: `import` fails, and find_spec (which
 # epath asks whether TensorFlow is there) answers None.
 BLOCKED = """

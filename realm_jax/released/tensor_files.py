@@ -26,12 +26,13 @@ import os
 import pickle
 import struct
 import zipfile
-from typing import Callable, Iterator
+from typing import Iterator
 
 import ml_dtypes
 import numpy as np
 from etils import epath
 
+from realm_jax import checksums
 from realm_jax.errors import TensorFileError
 
 # A whole-tensor read holds one chunk beyond its output.
@@ -60,35 +61,10 @@ def _nbytes(info: TensorInfo) -> int:
   return info.dtype.itemsize * math.prod(info.shape)
 
 
-def _find_crc32c() -> Callable[[int, bytes], int] | None:
-  """(crc, chunk) -> crc from a compiled CRC32C package, if one is installed:
-  TF's checksums are verified only then, as Python is too slow for GBs."""
-  try:
-    import google_crc32c  # pylint: disable=g-import-not-at-top
-    if google_crc32c.implementation == 'c':
-      return google_crc32c.extend
-  except ImportError:
-    pass
-  try:
-    import crc32c  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return lambda crc, chunk: crc32c.crc32c(chunk, crc)
-
-
-_crc32c_extend = _find_crc32c()
-
-
-def _mask_crc(crc: int) -> int:
-  """TensorFlow stores CRCs masked (rotated and offset), as LevelDB does."""
-  return ((crc >> 15 | crc << 17) + 0xa282ead8) & 0xffffffff
-
-
-def _read_bytes(file: epath.Path, offset: int, size: int, name: str,
-                crc32c_extend: Callable[[int, bytes], int] | None = None
+def _read_bytes(file: epath.Path, offset: int, size: int, name: str
                 ) -> tuple[np.ndarray, int]:
   """`size` bytes of tensor `name` from `offset`, read chunk by chunk into one
-  fresh uint8 array, and their CRC32C (0 without `crc32c_extend`)."""
+  fresh uint8 array, and their CRC-32C."""
   out = np.empty(size, np.uint8)
   done = crc = 0
   with file.open('rb') as f:
@@ -101,8 +77,7 @@ def _read_bytes(file: epath.Path, offset: int, size: int, name: str,
             f'{offset + size}), of which only {done} could be read.')
       out[done:done + len(chunk)] = np.frombuffer(chunk, np.uint8)
       done += len(chunk)
-      if crc32c_extend:
-        crc = crc32c_extend(crc, chunk)
+      crc = checksums.extend(crc, chunk)
   return out, crc
 
 
@@ -132,10 +107,9 @@ class TensorFile:
   def read(self, name: str) -> np.ndarray:
     """The whole tensor, as a fresh array."""
     entry = self._readable(name)
-    check = _crc32c_extend if entry.crc32c is not None else None
     data, crc = _read_bytes(entry.file, entry.offset, _nbytes(entry.info),
-                            name, check)
-    if check and _mask_crc(crc) != entry.crc32c:
+                            name)
+    if entry.crc32c is not None and checksums.masked(crc) != entry.crc32c:
       raise TensorFileError(
           f'{entry.file}: tensor {name} fails its CRC32C check: corrupt data.')
     return data.view(entry.info.dtype).reshape(entry.info.shape)

@@ -22,6 +22,8 @@ import time
 import jax
 from etils import epath
 
+from realm_jax import checksums
+
 log = logging.getLogger(__name__)
 _WRITERS = itertools.count()
 
@@ -47,30 +49,8 @@ class JsonlWriter:
     self._open.close()
 
 
-def _crc32c_table() -> list[int]:
-  table = []
-  for byte in range(256):
-    crc = byte
-    for _ in range(8):
-      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    table.append(crc)
-  return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-  """CRC-32C (Castagnoli), the checksum TFRecord framing uses."""
-  crc = 0xFFFFFFFF
-  for byte in data:
-    crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  return crc ^ 0xFFFFFFFF
-
-
 def _masked_crc(data: bytes) -> int:
-  crc = crc32c(data)
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+  return checksums.masked(checksums.extend(0, data))
 
 
 def _varint(value: int) -> bytes:
