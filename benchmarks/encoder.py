@@ -114,7 +114,7 @@ def _matmul_row(threads: int, size: int = 2048, calls: int = 7) -> dict:
   """The GEMM under both: a float32 size^3 matmul in JAX and in PyTorch."""
   row = {'benchmark': 'encoder', 'model': f'matmul {size}^3 float32',
          'threads': threads,
-         'ours_gflop_per_s': peak.measured_matmul(size=size, calls=calls) / 1e9}
+         'ours_gflop_per_s': flops.measured_matmul(size=size, calls=calls) / 1e9}
   theirs = peak.torch_matmul('float32', size, calls)
   if not theirs:
     return {**row, 'skipped_theirs': 'torch not installed'}

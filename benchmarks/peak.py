@@ -14,7 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from realm_jax.models.flops import NOMINAL_BF16
+from realm_jax.models.flops import NOMINAL_BF16, measured_matmul
 
 # Memory bandwidth per chip (bytes/s), from the vendors' data sheets: the
 # time to read an operand once is its bytes over this. The names are JAX's
@@ -27,23 +27,6 @@ NOMINAL_HBM = {
     'NVIDIA H200': 4.8e12,
     'NVIDIA A100-SXM4-80GB': 2.039e12,
 }
-
-
-def measured_matmul(dtype=jnp.float32, size: int = 2048,
-                    calls: int = 5, accumulate=None) -> float:
-  """FLOP/s of an n x n x n JAX matmul on device 0, median of `calls`;
-  its result in `accumulate` (default `dtype`): bfloat16 operands with a
-  float32 result is the mixed-precision policy's product."""
-  x = jnp.ones((size, size), dtype)
-  matmul = jax.jit(lambda a, b: jnp.matmul(a, b,
-                                           preferred_element_type=accumulate))
-  matmul(x, x).block_until_ready()
-  times = []
-  for _ in range(calls):
-    start = time.perf_counter()
-    matmul(x, x).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return 2 * size ** 3 / statistics.median(times)
 
 
 @functools.cache

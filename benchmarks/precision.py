@@ -24,9 +24,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks import peak
 from benchmarks.run import RESULTS_DIR, table
 from benchmarks.train_step import _inputs
+from realm_jax.models import flops
 
 POLICIES = {'float32': ["BertConfig.dtype = 'float32'"],
             'bfloat16': ["BertConfig.dtype = 'bfloat16'"]}
@@ -94,7 +94,7 @@ def main(argv=None) -> str:
   from realm_jax import demo  # pylint: disable=g-import-not-at-top
   machine = {**demo.machine(), 'device_kind': jax.devices()[0].device_kind,
              'jax': jax.__version__,
-             'matmul_2048_bf16_f32acc_gflops': peak.measured_matmul(
+             'matmul_2048_bf16_f32acc_gflops': flops.measured_matmul(
                  jnp.bfloat16, accumulate=jnp.float32) / 1e9}
   rows = measure(args.repeats)
   print('\n'.join(f'{k}: {v:.4g}' if isinstance(v, float) else f'{k}: {v}'

@@ -128,23 +128,6 @@ PRESETS = {
 }
 
 
-def _matmul_seconds(size: int, dtype) -> float:
-  """The median time of a size^3 matmul on the default device (random
-  operands: zeros can run faster), accumulated in float32."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
-  matmul = jax.jit(lambda x: jnp.matmul(x, x,
-                                        preferred_element_type=jnp.float32))
-  matmul(a).block_until_ready()
-  times = []
-  for _ in range(5):
-    start = time.perf_counter()
-    matmul(a).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return sorted(times)[2]
-
-
 def example_runs(preset: Preset) -> list[tuple[str, ...]]:
   """Each run whose examples `preset` reads: its gin files, then its own
   bindings (what `launch.bundle --preset` carries). NQ's questions come with
@@ -171,9 +154,10 @@ def machine() -> dict:
     found.update(device=jax.devices()[0].device_kind,
                  devices=jax.device_count(),
                  bf16_matmul_tflops=round(
-                     2 * 8192**3 / _matmul_seconds(8192, jnp.bfloat16) / 1e12,
+                     flops.measured_matmul(jnp.bfloat16, 8192,
+                                           accumulate=jnp.float32) / 1e12,
                      1))
-  seconds = _matmul_seconds(2048, jnp.float32)
+  rate = flops.measured_matmul(jnp.float32, 2048)
   model = platform.processor() or platform.machine()
   try:
     model = next(line.split(':', 1)[1].strip() for line in
@@ -182,7 +166,7 @@ def machine() -> dict:
   except (OSError, StopIteration):
     pass
   return {'cpu': model, 'cores': os.cpu_count(),
-          'matmul_2048_gflops': round(2 * 2048**3 / seconds / 1e9, 1),
+          'matmul_2048_gflops': round(rate / 1e9, 1),
           'commit': commit(), **found}
 
 

@@ -1,4 +1,5 @@
-"""Analytic FLOP counts: the numerator of model FLOPs utilisation (MFU).
+"""Analytic FLOP counts: the numerator of model FLOPs utilisation (MFU); and
+its denominator where no data sheet gives one, a measured matmul rate.
 
 Matrix multiplications only, 2 FLOPs per multiply-add; softmax, GELU and
 LayerNorm are left out (a few percent at BERT's widths), as are rematerialized
@@ -6,6 +7,12 @@ recomputations: MFU counts what the model needs, not what the program did. A
 training step is 3x its forward pass (the backward pass computes the
 gradients of both operands of every matmul).
 """
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
 
 from realm_jax.models.bert import BertConfig
 
@@ -19,6 +26,25 @@ NOMINAL_BF16 = {
     'NVIDIA H200': 989e12,
     'NVIDIA A100-SXM4-80GB': 312e12,
 }
+
+
+def measured_matmul(dtype=jnp.float32, size: int = 2048, calls: int = 5,
+                    accumulate=None) -> float:
+  """FLOP/s of a size^3 JAX matmul on the default device, the median of
+  `calls`, with random operands (zeros can run faster) and its result in
+  `accumulate` (default `dtype`): bfloat16 operands with a float32 result is
+  the mixed-precision policy's product. Every timing names the 2048^3
+  float32 rate, and every MFU on a CPU divides by it."""
+  x = jax.random.normal(jax.random.key(0), (size, size), dtype)
+  matmul = jax.jit(lambda a: jnp.matmul(a, a,
+                                        preferred_element_type=accumulate))
+  matmul(x).block_until_ready()
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    matmul(x).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * size ** 3 / statistics.median(times)
 
 
 def encoder_forward(config: BertConfig, length: int) -> float:
