@@ -4,9 +4,10 @@ Fictional people, each with a few attributes (a hometown, a birth year, an
 occupation, ...) drawn from shared value sets, so that values repeat across
 people and only the person's own document tells which is theirs. Each
 person with a document has one, stating their facts in one family of
-sentence templates, in a shuffled order, and naming a few other people
-(distractors that share the name's wordpieces). Masked queries state one
-fact in another family of templates, the value masked as the salient span.
+sentence templates (one of two phrasings of each fact, drawn for the
+person), and naming a few other people (distractors that share the
+name's wordpieces). Masked queries state one fact in another family of
+templates, the value masked as the salient span.
 
 People are split three ways: those whose facts are queried in training,
 held-out ones whose documents are in the corpus but are never queried in
@@ -58,13 +59,25 @@ VALUES = {
 # sentence's first words: ICT's pseudo-queries are these sentences, and
 # towers that learned to match names at the start of a text alone found
 # the document of 99% of the queries that start with the name and of 0.5%
-# of the others (docs/levers.md).
+# of the others (docs/levers.md). Each attribute has two phrasings, one
+# drawn for each person: with one, a person's full name sat in ICT's
+# pseudo-queries after "is where" alone, and other people's ("{n} knows
+# {m} well") where the first query template names the person; ICT's
+# towers of seed 1 then put the person's document among their top 7 for
+# 20% of that template's queries (36% with two phrasings), and REALM
+# never learned it (docs/levers.md, "The world: the reader's rate and
+# where the name sits").
 DOCUMENT_TEMPLATES = {
-    'hometown': 'The city of {v} is where {n} grew up.',
-    'birth_year': 'In the year {v}, {n} was born.',
-    'occupation': '{n} works as a {v}.',
-    'instrument': '{n} plays the {v}.',
-    'sport': '{n} follows the sport of {v} closely.',
+    'hometown': ('The city of {v} is where {n} grew up.',
+                 'As a child, {n} lived in the city of {v}.'),
+    'birth_year': ('In the year {v}, {n} was born.',
+                   'Records show that {n} was born in the year {v}.'),
+    'occupation': ('{n} works as a {v}.',
+                   'Every day, {n} works as a {v}.'),
+    'instrument': ('{n} plays the {v}.',
+                   'Most evenings, {n} plays the {v}.'),
+    'sport': ('{n} follows the sport of {v} closely.',
+              'Each season, {n} follows the sport of {v} closely.'),
 }
 MENTION_TEMPLATE = '{n} knows {m} well.'
 # Each ends as its document's sentence does ("the city of", "the year",
@@ -170,6 +183,7 @@ class Person:
   facts: dict  # attribute -> value
   split: str  # One of SPLITS.
   mentions: tuple[str, ...] = ()
+  phrasings: dict | None = None  # attribute -> DOCUMENT_TEMPLATES' index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +216,9 @@ class World:
     splits = [splits[i] for i in rng.permutation(spec.people)]
     splits += ['no_document'] * spec.no_document
     with_document = names[:spec.people]
+    # Its own stream: the rest of the world is drawn as before there were
+    # two phrasings.
+    phrasing = np.random.default_rng([spec.seed, 3])
     self.people = []
     for i, (name, split) in enumerate(zip(names, splits)):
       facts = {a: self.values[a][rng.choice(spec.values, p=weights)]
@@ -209,8 +226,11 @@ class World:
       others = [j for j in rng.choice(len(with_document),
                                       spec.mentions + 1, replace=False)
                 if j != i][:spec.mentions]
+      phrasings = {a: int(phrasing.integers(len(DOCUMENT_TEMPLATES[a])))
+                   for a in spec.attributes}
       self.people.append(Person(name, facts, split,
-                                tuple(with_document[j] for j in others)))
+                                tuple(with_document[j] for j in others),
+                                phrasings))
 
   def document(self, person: Person, facts: dict | None = None) -> dict:
     """`{"title", "text"}`: the person's facts (or `facts` instead, the edit
@@ -218,8 +238,8 @@ class World:
     sentence names the person in full, the others by first name (which
     other people share)."""
     facts = facts or person.facts
-    templates = [DOCUMENT_TEMPLATES[a].replace('{v}', facts[a])
-                 for a in self.spec.attributes]
+    templates = [DOCUMENT_TEMPLATES[a][(person.phrasings or {}).get(a, 0)]
+                 .replace('{v}', facts[a]) for a in self.spec.attributes]
     templates += [MENTION_TEMPLATE.replace('{m}', m) for m in person.mentions]
     first_name = person.name.split()[0]
     return {'title': person.name, 'text': ' '.join(
