@@ -473,10 +473,13 @@ def fault_order(count: int, rng: random.Random, only: str | None = None
 
 
 def run(num_faults: int, work_dir: str, seed: int = 0, steps: int = 40,
-        pace: float = 1.0, only: str | None = None) -> dict:
+        pace: float = 1.0, only: str | None = None,
+        output: str | None = None, setting: dict | None = None) -> dict:
   """Undisturbed, then `num_faults` faults (of variant `only`, if given)
   over as many `steps`-step episodes as they take; the faults' and the
-  episodes' records. `pace` scales the waits (see `Episode`)."""
+  episodes' records, also written to `output` after each episode, beside
+  `setting` (an hour of faults is not lost to a harness that dies at the
+  end). `pace` scales the waits (see `Episode`)."""
   rng = random.Random(seed)
   corpora = os.path.join(work_dir, 'corpora')
   if not os.path.isdir(os.path.join(corpora, 'wiki_leads')):
@@ -532,11 +535,24 @@ def run(num_faults: int, work_dir: str, seed: int = 0, steps: int = 40,
     print(f'episode {len(episodes)}: {len(episode.faults)} faults, '
           f'{"passed" if passed else "FAILED: " + json.dumps(checks)}',
           flush=True)
+    if output:
+      _write(output, {**(setting or {}), 'faults': records,
+                      'episodes': episodes,
+                      'seconds': round(time.perf_counter() - started, 1),
+                      'complete': not order})
     if passed:
       shutil.rmtree(episode.model_dir)
       shutil.rmtree(episode.log_dir)
   return {'faults': records, 'episodes': episodes,
           'seconds': round(time.perf_counter() - started, 1)}
+
+
+def _write(path: str, result: dict) -> None:
+  """`result` as JSON at `path`, replaced whole."""
+  partial = f'{path}.partial'
+  with open(partial, 'w') as f:
+    json.dump(result, f, indent=1)
+  os.replace(partial, path)
 
 
 def summary(result: dict) -> list[dict]:
@@ -576,17 +592,18 @@ def main(argv=None) -> dict:
                       'work directory).')
   args = parser.parse_args(argv)
   work_dir = args.work_dir or tempfile.mkdtemp(prefix='realm-chaos-')
-  result = run(args.faults, work_dir, args.seed, args.steps, only=args.only)
+  output = args.output or os.path.join(work_dir, 'chaos.json')
   # pylint: disable-next=g-import-not-at-top
   from realm_jax import demo
-  result.update({'machine': demo.machine(), 'date': str(datetime.date.today()),
-                 'steps_per_episode': args.steps, 'lockstep_interval': INTERVAL,
-                 'seed': args.seed, 'only': args.only,
-                 'summary': summary(result)})
+  # Measured first: the machine as the faults found it, in every write.
+  setting = {'machine': demo.machine(), 'date': str(datetime.date.today()),
+             'steps_per_episode': args.steps, 'lockstep_interval': INTERVAL,
+             'seed': args.seed, 'only': args.only}
+  result = run(args.faults, work_dir, args.seed, args.steps, only=args.only,
+               output=output, setting=setting)
+  result.update(setting, summary=summary(result))
   print(table(result['summary']))
-  output = args.output or os.path.join(work_dir, 'chaos.json')
-  with open(output, 'w') as f:
-    json.dump(result, f, indent=1)
+  _write(output, {**result, 'complete': True})
   print(f'wrote {output}')
   if not args.work_dir and all(e['passed'] for e in result['episodes']):
     shutil.rmtree(work_dir)
