@@ -24,7 +24,6 @@ import os
 import threading
 
 import google_crc32c
-import jax
 from etils import epath
 
 from realm_jax import errors
@@ -138,6 +137,10 @@ def checksummed(handler_class: type) -> type:
 
     def finalize(self, directory: epath.Path) -> None:
       super().finalize(directory)
+      # Imported here: the arrays' and block store's readers import this
+      # module ahead of TensorFlow in `eval`, and TensorFlow loaded after
+      # JAX prints its CUDA probe's ERROR line past TF_CPP_MIN_LOG_LEVEL.
+      import jax  # pylint: disable=g-import-not-at-top
       if jax.process_index() == 0:
         write(directory)
 
