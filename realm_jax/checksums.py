@@ -14,7 +14,7 @@ A directory without `checksums.json` was written before realm-jax kept them
 and is read unchecked (logged once per directory).
 
 CRC-32C (Castagnoli), as TensorFlow's and GCS's files carry, through
-google-crc32c's compiled code: about 14 GB/s a core, so a check costs a
+google-crc32c's compiled code: about 10 GB/s a core, so a check costs a
 fraction of the read it guards.
 """
 
