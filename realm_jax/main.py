@@ -506,7 +506,6 @@ def _fill(args) -> None:
 def _eval(args) -> None:
   from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
   from realm_jax.data import open_qa  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import run_kinds  # pylint: disable=g-import-not-at-top
   if not args.task and not args.qa_file:
     raise errors.BadConfig('Nothing to score.', 'Give a --task or a '
                            '--qa_file.')
@@ -530,15 +529,14 @@ def _eval(args) -> None:
     print('masked_lm: ' + ', '.join(f'{k} {v}' for k, v in summary.items()))
   predictor = (tasks or args.qa_file) and qa_evaluation.QAPredictor(
       args.model_dir, args.step, gin_files, args.gin_bindings, args.top_k)
-  # With the run's config parsed: its examples' source names the files' tasks.
-  tasks += [run_kinds.qa_file_task(path, args.qa_regex)
+  tasks += [qa_evaluation.QAFile(path, args.qa_regex)
             for path in args.qa_file]
   for task in tasks:
     summary = qa_evaluation.evaluate(
         predictor, task, output_dir, args.batch_size, args.num_examples,
         args.retrieval_output, args.retrieval_format)
-    print(f'{task} ({predictor.kind} step {predictor.step}, index step '
-          f'{summary["index_step"]}): ' + ', '.join(
+    print(f'{summary["task"]} ({predictor.kind} step {predictor.step}, '
+          f'index step {summary["index_step"]}): ' + ', '.join(
               f'{k} {v:.2f}' if isinstance(v, float) else f'{k} {v}'
               for k, v in summary.items() if k not in (
                   'task', 'model_dir', 'run_kind', 'step', 'index_step')))

@@ -14,8 +14,6 @@ from realm_jax.data import open_qa
 from realm_jax.evaluation import metrics
 from tasks import common
 
-MAX_QUERY_LENGTH = 64
-
 
 def examples(benchmark: str, split: str, shuffle_files: bool = False,
              seed: int | None = None) -> tf.data.Dataset:
@@ -53,7 +51,7 @@ def tokenize_question(features):
   return {
       **features,
       'query_token_ids': tf.cast(tf.concat(
-          [cls, question[:MAX_QUERY_LENGTH - 2], sep], 0), tf.int32),
+          [cls, question[:open_qa.MAX_QUERY_LENGTH - 2], sep], 0), tf.int32),
       'answer_token_ids': tf.cast(answers, tf.int32),
       'targets': tf.cast(answers[0], tf.int32),
       'targets_pretokenized': features['answers'][0],

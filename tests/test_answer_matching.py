@@ -139,7 +139,9 @@ def test_the_corpus_index_is_has_answer_block_by_block(references, is_regex):
   corpus = answer_matching.CorpusAnswers(BLOCKS)
   expected = [answer_matching.has_answer(t, references, is_regex)
               for t in BLOCKS.values()]
-  assert [corpus.holds(i, references, is_regex) for i in BLOCKS] == expected
+  assert corpus.holds(list(BLOCKS), references, is_regex) == expected
+  assert corpus.holds(list(BLOCKS)[::-1], references, is_regex) == (
+      expected[::-1])  # Each block prepared once, whatever the order.
   assert corpus.anywhere([(references, is_regex)]) == [any(expected)]
 
 

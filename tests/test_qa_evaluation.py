@@ -71,6 +71,12 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
     assert scored == {**benchmark, 'task': task}
     assert qa_evaluation.read_predictions(out, task) == (
         qa_evaluation.read_predictions(out, benchmark['task']))
+    # Read by `eval --qa_file`, without seqio: the same.
+    qa_file = qa_evaluation.QAFile(str(path), regex)
+    assert qa_evaluation.evaluate(predictor, qa_file, f'{out}/file',
+                                  batch_size) == scored
+    assert qa_evaluation.read_predictions(f'{out}/file', task) == (
+        qa_evaluation.read_predictions(out, task))
   # The command line: its own predictor (the trained reader), the same
   # retrieval.
   main.main(['eval', f'--model_dir={model_dir}', f'--qa_file={nq_file}',

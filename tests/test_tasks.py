@@ -5,7 +5,9 @@ import pytest
 import seqio
 
 import tasks  # pylint: disable=unused-import
-from realm_jax.evaluation import metrics
+from realm_jax.data import open_qa
+from realm_jax.evaluation import metrics, qa_features
+from realm_jax.training import batches
 from tasks import open_qa as open_qa_tasks
 from tests.helpers import DATA_DIR, needs_data
 
@@ -131,3 +133,26 @@ def test_a_qa_file_task_reads_its_splits(tmp_path):
     question = example['question'].item().decode()
     assert [a.decode() for a in example['answers']] == [
         question.split()[-1].rstrip('?')]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize('length', [96, 64, 20])
+def test_a_qa_file_s_questions_read_without_seqio_get_seqio_s_ids(tmp_path,
+                                                                  length):
+  # What `eval --qa_file` hands the predictor: every question, one cut by
+  # the task's 62 wordpieces, some by `length` (which cuts [SEP] too).
+  rows = [('who wrote Ōsaka no Ōkami?', ['x']), ('a question', ['y']),
+          (' '.join(f'word{i}' for i in range(80)) + '?', ['z'])]
+  path = _qa_file(tmp_path / 'q.tsv', rows)
+  name = open_qa_tasks.register_qa_file(path)
+  evaluator = seqio.Evaluator(
+      name, qa_features.QAFeatureConverter(), eval_split='test',
+      sequence_length={'query_token_ids': length})
+  seqio_ids = np.stack([f['query_token_ids'] for _, f in
+                        evaluator.cached_model_datasets[name]
+                        .as_numpy_iterator()])
+  ids = open_qa.query_token_ids(batches.task_tokenizer(),
+                                [q for q, _ in open_qa.load_file(path)],
+                                length)
+  np.testing.assert_array_equal(ids, seqio_ids)
+  assert (ids[-1] != 0).sum() == min(length, open_qa.MAX_QUERY_LENGTH)

@@ -23,7 +23,7 @@ from realm_jax import extras, main, run_directory
 from realm_jax.data import example_arrays, span_arrays
 from realm_jax.evaluation import masked_lm
 from tests import test_layering
-from tests.helpers import REPO, RETRIEVAL, TINY
+from tests.helpers import NQ_TEST, REPO, RETRIEVAL, TINY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -157,6 +157,15 @@ def test_finetune_eval_and_ask_run_without_the_tf_stack(zebra, tmp_path,
       scored[source] = json.load(f)
   assert scored['arrays']['questions'] == 4
   assert scored['arrays'] == scored['seqio']
+  # A file of the same questions: read as it is, no export, the same scores.
+  nq_file = tmp_path / 'nq.jsonl'
+  nq_file.write_text(''.join(json.dumps({'question': q, 'answer': a}) + '\n'
+                             for q, a in NQ_TEST))
+  _run(env, '-m', 'realm_jax.main', 'eval', f'--model_dir={model_dir}',
+       f'--qa_file={nq_file}', f'--output_dir={tmp_path / "file"}')
+  [file_metrics] = (tmp_path / 'file').glob('qa_file_nq_*_metrics.json')
+  assert {**json.loads(file_metrics.read_text()), 'task': 'nq_open'} == (
+      scored['seqio'])
 
   out = _run(env, '-m', 'realm_jax.main', 'ask',
              'what animal has black and white stripes?',

@@ -100,11 +100,17 @@ def _pattern_in(nfd_text: str, patterns: Sequence[str]) -> bool:
 
 
 def _tokens_in(spaced_text: str, references: Sequence[str]) -> bool:
-  for reference in references:
-    tokens = answer_tokens(reference)
-    if not tokens or _spaced(tokens) in spaced_text:
-      return True
-  return False
+  return _spaced_in(spaced_text, _spaced_references(references))
+
+
+def _spaced_references(references: Sequence[str]) -> list[str]:
+  # A reference of no tokens becomes '', which is in every text.
+  return [_spaced(tokens) if tokens else ''
+          for tokens in map(answer_tokens, references)]
+
+
+def _spaced_in(spaced_text: str, spaced_references: Sequence[str]) -> bool:
+  return any(r in spaced_text for r in spaced_references)
 
 
 class CorpusAnswers:
@@ -115,16 +121,29 @@ class CorpusAnswers:
 
   def __init__(self, bodies: Mapping[int, str]):
     self._bodies = bodies
-    self._spaced = {}
+    self._spaced, self._normalized = {}, {}
 
-  def holds(self, block_id: int, references: Sequence[str],
-            is_regex: bool) -> bool:
+  def holds(self, block_ids: Sequence[int], references: Sequence[str],
+            is_regex: bool) -> list[bool]:
+    """Does each of `block_ids` hold one of the references? The references
+    are tokenized or compiled once for all the blocks."""
     if is_regex:
-      return _pattern_in(unicodedata.normalize('NFD', self._bodies[block_id]),
-                         references)
+      compiled = _compiled(references)
+      return [any(c.search(self._nfd(i)) for c in compiled)
+              for i in block_ids]
+    spaced = _spaced_references(references)
+    return [_spaced_in(self._spaced_tokens(i), spaced) for i in block_ids]
+
+  def _spaced_tokens(self, block_id: int) -> str:
     if block_id not in self._spaced:  # Decoded and tokenized once.
       self._spaced[block_id] = _spaced(answer_tokens(self._bodies[block_id]))
-    return _tokens_in(self._spaced[block_id], references)
+    return self._spaced[block_id]
+
+  def _nfd(self, block_id: int) -> str:
+    if block_id not in self._normalized:  # Decoded and normalized once.
+      self._normalized[block_id] = unicodedata.normalize(
+          'NFD', self._bodies[block_id])
+    return self._normalized[block_id]
 
   def anywhere(self, questions: Sequence[tuple[Sequence[str], bool]],
                on_block: Callable[[], None] = lambda: None) -> list[bool]:

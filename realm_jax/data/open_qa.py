@@ -23,6 +23,7 @@ import re
 from typing import Iterable, Iterator, NamedTuple
 
 import gin
+import numpy as np
 from etils import epath
 
 from realm_jax import errors
@@ -30,6 +31,8 @@ from realm_jax.data.answer_matching import compile_answer_pattern
 from realm_jax.data.skips import SkipReport, is_text, parse_json_object
 
 DATA_DIR_ENV = 'REALM_DATA_DIR'
+# A question's wordpieces, [CLS] and [SEP] included, past which it is cut.
+MAX_QUERY_LENGTH = 64
 
 
 class QAExample(NamedTuple):
@@ -380,3 +383,18 @@ def qa_file_task_name(path: str, regex: bool = False) -> str:
   stem = re.sub(r'[^0-9a-z_]', '_', path.stem.lower())
   digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
   return f'qa_file_{stem}{"_regex" if regex else ""}_{digest}'
+
+
+def query_token_ids(tokenizer, questions: list[str], length: int
+                    ) -> np.ndarray:
+  """[len(questions), length] int32: each question's `[CLS] x [SEP]`, x cut
+  to MAX_QUERY_LENGTH - 2 wordpieces, the whole then cut and padded to
+  `length` with 0s. The ids the seqio tasks' tokenize_question and the QA
+  feature converter give, without TensorFlow (`tokenizer` a
+  WordPieceTokenizer)."""
+  ids = np.zeros((len(questions), length), np.int32)
+  for row, pieces in enumerate(tokenizer.encode(questions)):
+    query = ([tokenizer.cls_id] + pieces[:MAX_QUERY_LENGTH - 2]
+             + [tokenizer.sep_id])[:length]
+    ids[row, :len(query)] = query
+  return ids

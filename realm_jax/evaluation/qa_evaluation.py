@@ -1,12 +1,14 @@
 """`realm-jax eval`: Open-QA scored as REALM scores it, driven by seqio.
 
-`seqio.Evaluator` reads a QA task's test split (a benchmark's, or every
-question of a file registered by `tasks.open_qa.register_qa_file`), hands
-its questions to a `QAPredictor` (through `qa_features.QAFeatureConverter`,
-as t5x's eval.py hands batches to a model) and applies the task's own
-metric: exact match, or regex match for CuratedTREC and files of answer
-patterns. Without TensorFlow the questions come from the task's exported
-arrays and the same metric function scores them. Beside
+`seqio.Evaluator` reads a benchmark task's test split, hands its questions
+to a `QAPredictor` (through `qa_features.QAFeatureConverter`, as t5x's
+eval.py hands batches to a model) and applies the task's own metric: exact
+match, or regex match for CuratedTREC. Without TensorFlow the questions come
+from the task's exported arrays and the same metric function scores them.
+A file of questions (`QAFile`) is read and tokenized here, as its seqio task
+would give it, and scored by that task's metric: no TensorFlow to start and
+no per-question trip through tf.data, which took longer than the scoring.
+Beside
 it this module measures retrieval as DPR and every later paper print it:
 top-k accuracy at k = 1, 5, 20 and 100 (REALM's recall@5 is top-5), the
 fraction of questions with an answer in one of their top k blocks by DPR's
@@ -16,6 +18,7 @@ is written as a JSONL row with its retrieved blocks; the retrievals can
 also be written as the files DPR's, Pyserini's and trec_eval's scorers read.
 """
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -25,7 +28,7 @@ import numpy as np
 from etils import epath
 
 from realm_jax import extras
-from realm_jax.data import answer_matching, corpus
+from realm_jax.data import answer_matching, corpus, open_qa
 from realm_jax.evaluation import bootstrap, metrics
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
@@ -45,6 +48,19 @@ RETRIEVAL_FORMATS = ('dpr', 'pyserini', 'trec')
 ANSWER_SCAN_BLOCKS = 2_000_000
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class QAFile:
+  """An Open-QA file, every question scored (`open_qa.load_file`), named
+  as its seqio task is (`open_qa.qa_file_task_name`). `regex`: its answers
+  are patterns, scored by regex match."""
+  path: str
+  regex: bool = False
+
+  @property
+  def task(self) -> str:
+    return open_qa.qa_file_task_name(self.path, self.regex)
 
 
 def _predict(predictor: QAPredictor, task: str, batches, total: int,
@@ -98,13 +114,31 @@ def _array_evaluation(predictor, task, batch_size, num_examples, results):
   shapes = {'query_token_ids': (predictor.query_length,)}
   arrays = input_pipeline.Examples().open_arrays(task, 'test', shapes)
   count = min(arrays.count, num_examples or arrays.count)
-  examples = arrays.strings()[:count]
-  ids = arrays.arrays['query_token_ids']
+  return _scored(predictor, task, arrays.strings()[:count],
+                 arrays.arrays['query_token_ids'], bool(
+                     arrays.metadata.get('regex')), batch_size, results)
+
+
+def _file_evaluation(predictor, qa_file: QAFile, batch_size, num_examples,
+                     results):
+  """(examples, regex, task metrics) of every question of a file, read and
+  tokenized without seqio, scored as its seqio task scores them."""
+  rows = open_qa.load_file(qa_file.path, qa_file.regex)[:num_examples]
+  examples = [{'question': q, 'answers': list(a)} for q, a in rows]
+  ids = open_qa.query_token_ids(predictor.tokenizer, [q for q, _ in rows],
+                                predictor.query_length)
+  return _scored(predictor, qa_file.task, examples, ids, qa_file.regex,
+                 batch_size, results)
+
+
+def _scored(predictor, task, examples, ids, regex, batch_size, results):
+  """`_predict` over the questions `ids` (their rows 0 to len(examples)),
+  then (examples, regex, the task's metric)."""
+  count = len(examples)
   outputs = _predict(predictor, task, (
       (np.arange(start, min(start + batch_size, count)),
-       np.asarray(ids[start:start + batch_size][:count - start]))
+       np.asarray(ids[start:min(start + batch_size, count)]))
       for start in range(0, count, batch_size)), count, batch_size, results)
-  regex = bool(arrays.metadata.get('regex'))
   if not predictor.reads:
     return examples, regex, {}
   score = metrics.regex_match if regex else metrics.exact_match
@@ -146,7 +180,7 @@ def answers_in_corpus(corpus_dir: str, corpus_answers, num_blocks: int,
   return found
 
 
-def evaluate(predictor: QAPredictor, task: str, output_dir: str,
+def evaluate(predictor: QAPredictor, task: str | QAFile, output_dir: str,
              batch_size: int = 32, num_examples: int | None = None,
              retrieval_output: str | None = None,
              retrieval_format: str = 'dpr') -> dict:
@@ -158,15 +192,21 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
   again on the questions whose answer is in the corpus. With
   `retrieval_output`, also writes the retrievals there in
   `retrieval_format` (one of `RETRIEVAL_FORMATS`, see `retrieval_file`). The
-  questions come from the seqio task through seqio.Evaluator, or from its
-  exported arrays (`input_pipeline.Examples`), scored by the same metric.
+  questions come from the seqio task through seqio.Evaluator, from its
+  exported arrays (`input_pipeline.Examples`) or from the file itself,
+  scored by the same metric.
   """
   results: dict[int, dict] = {}
-  evaluation = (_array_evaluation
-                if input_pipeline.Examples().source == 'arrays'
-                else _seqio_evaluation)
+  if isinstance(task, QAFile):
+    evaluation = _file_evaluation
+  elif input_pipeline.Examples().source == 'arrays':
+    evaluation = _array_evaluation
+  else:
+    evaluation = _seqio_evaluation
   examples, regex, task_metrics = evaluation(predictor, task, batch_size,
                                              num_examples, results)
+  if isinstance(task, QAFile):
+    task = task.task
 
   texts = predictor.texts
   ks = [k for k in TOP_K if k <= predictor.top_k]
@@ -183,7 +223,7 @@ def evaluate(predictor: QAPredictor, task: str, output_dir: str,
     result = results[index]
     retrieved = [(i, s) for i, s in zip(result['block_ids'],
                                         result['retrieval_scores']) if i >= 0]
-    hits = [corpus_answers.holds(i, references, regex) for i, _ in retrieved]
+    hits = corpus_answers.holds([i for i, _ in retrieved], references, regex)
     rank = hits.index(True) + 1 if any(hits) else None
     answers = result.get('answers') or []
     prediction = answers[0].text if answers else ''
