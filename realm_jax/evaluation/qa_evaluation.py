@@ -8,8 +8,7 @@ from the task's exported arrays and the same metric function scores them.
 A file of questions (`QAFile`) is read and tokenized here, as its seqio task
 would give it, and scored by that task's metric: no TensorFlow to start and
 no per-question trip through tf.data, which took longer than the scoring.
-Beside
-it this module measures retrieval as DPR and every later paper print it:
+Beside it this module measures retrieval as DPR and every later paper print it:
 top-k accuracy at k = 1, 5, 20 and 100 (REALM's recall@5 is top-5), the
 fraction of questions with an answer in one of their top k blocks by DPR's
 `has_answer`, and which questions have an answer anywhere in the corpus
