@@ -25,6 +25,7 @@ from orbax.checkpoint._src.serialization import serialization
 import realm_jax
 from realm_jax import checksums, errors, run_directory, run_guard
 from realm_jax.errors import CheckpointMismatch, CheckpointSaveFailed
+from realm_jax.index import corpus_sync
 from realm_jax.models import bert
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.train_state import TrainState
@@ -124,6 +125,20 @@ def test_a_second_index_builder_is_refused_in_one_line(tmp_path,
     assert 'Traceback' not in second.stderr
     with run_guard.TrainerLock(model_dir):  # A trainer may still start.
       pass
+
+
+@pytest.mark.unit
+def test_a_corpus_sync_beside_a_running_builder_is_refused(tmp_path):
+  """`corpus add/remove/sync` publishes index steps, as a builder does."""
+  model_dir = str(tmp_path / 'run')
+  with run_guard.BuilderLock(model_dir):
+    with pytest.raises(errors.BuilderRunning,
+                       match=f'has an index builder: pid {os.getpid()}'):
+      corpus_sync.sync_index(model_dir, str(tmp_path / 'corpus'),
+                             retriever=None)
+  with pytest.raises(errors.NotFound, match='No corpus at'):  # Its turn.
+    corpus_sync.sync_index(model_dir, str(tmp_path / 'corpus'),
+                           retriever=None)
 
 
 @pytest.mark.unit

@@ -8,7 +8,9 @@ added blocks alone are embedded, with the towers that embedded the rest
 run it was copied from),
 appended to the index's rows and published as the next step. That step keeps
 its `params_step`: it is exactly as stale as the index it came from. Removed
-blocks keep their rows; the searchers skip them.
+blocks keep their rows; the searchers skip them. It publishes as a builder
+does, so it holds the builder's lock: a sync beside a running builder is
+refused, naming it, as a second builder is.
 """
 
 import logging
@@ -17,7 +19,7 @@ import time
 import numpy as np
 from etils import epath
 
-from realm_jax import errors, run_directory
+from realm_jax import errors, run_directory, run_guard
 from realm_jax.data import corpus, corpus_changes
 from realm_jax.index import publication
 from realm_jax.index.embed import DocumentEmbedder, block_arrays
@@ -69,6 +71,12 @@ def sync_index(model_dir: str, corpus_dir: str, retriever,
   """Publishes model_dir's newest index with the corpus's changes since it;
   returns the new step's metadata ('synced_from' says what was embedded,
   in how many seconds), None when the index is up to date."""
+  with run_guard.BuilderLock(model_dir):
+    return _sync_index(model_dir, corpus_dir, retriever, batch_size)
+
+
+def _sync_index(model_dir: str, corpus_dir: str, retriever,
+                batch_size: int) -> dict | None:
   corpus_metadata = corpus.load_metadata(corpus_dir)
   directory = run_directory.index_dir(model_dir)
   manager, step, metadata = _newest(model_dir)
