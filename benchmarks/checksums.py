@@ -5,13 +5,21 @@
       [--output docs/results/checksums.json]
 
 Copies the run's newest checkpoint and index step (and the corpus's block
-store) into a temporary directory, gives every item its checksums.json as
-a save does now, then times each load as its reader does it, without the
-check, beside the check alone: medians of `--repeats`, the files in the
-page cache (each is read once first), as a second start of a command finds
-them. Loads: a checkpoint's every item through Orbax (what a resuming
-trainer reads), an index's embeddings, a block store and exported arrays
-opened memory-mapped and then read whole (their open alone reads no byte).
+store) into a temporary directory twice: once with the checksums.json a
+save writes now, once without (read unchecked). Then it times each load as
+its reader does it on the copy without, beside the check alone: medians of
+`--repeats`, the files in the page cache (each is read once first), as a
+second start of a command finds them. Loads:
+- a checkpoint's every item through Orbax (what a resuming trainer reads);
+- the index as the trainer, `search` and `ask` load it (its searcher on
+  the device), and its embeddings alone (a plain read);
+- the block store as the trainer, `search` and `ask` load it (every block
+  padded to the corpus's block length), and each file read whole (a plain
+  read, which no reader does);
+- 100 blocks' titles, bodies and wordpieces read from the memory-mapped
+  store as `ask` shows them: there the check is of the pieces those reads
+  touch, timed as the difference with the copy without checksums;
+- exported arrays read whole.
 """
 
 import argparse
@@ -22,6 +30,7 @@ import statistics
 import tempfile
 import time
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -47,15 +56,20 @@ def _bytes(directory: epath.Path) -> int:
              os.walk(directory) for name in names)
 
 
-def _with_checksums(source: epath.Path, target: epath.Path,
-                    items: bool) -> epath.Path:
-  """`source` copied to `target`, each item (or the directory itself) given
-  the checksums.json a save writes now."""
-  shutil.copytree(source, target)
-  for directory in ([p for p in target.iterdir() if p.is_dir()] if items
-                    else [target]):
-    checksums.write(directory)
-  return target
+def _copies(source: epath.Path, target: epath.Path, name: str, items: bool,
+            pieces: bool = False) -> tuple[epath.Path, epath.Path]:
+  """`source` copied to target/checked/`name`, with the checksums.json a
+  save writes now in each item (or in the directory itself), and to
+  target/unchecked/`name` without any."""
+  copies = target / 'checked' / name, target / 'unchecked' / name
+  for copy in copies:
+    shutil.copytree(source, copy)
+    for directory in ([p for p in copy.iterdir() if p.is_dir()] if items
+                      else [copy]):
+      (directory / checksums.MANIFEST).unlink(missing_ok=True)
+      if copy == copies[0]:
+        checksums.write(directory, pieces=pieces)
+  return copies
 
 
 def _read_whole(directory: epath.Path, names) -> None:
@@ -72,6 +86,12 @@ def _row(what: str, directory: epath.Path, load, verify,
           'check / load %': round(100 * verify_s / load_s, 1)}
 
 
+def _blocks_shown(corpus_dir: str, ids: np.ndarray) -> None:
+  store = block_store.open_store(corpus_dir, whole=False)
+  for i in ids.tolist():
+    store.title(i), store.body(i), store.token_ids(i)
+
+
 def _newest(directory: epath.Path) -> epath.Path:
   return max((p for p in directory.iterdir() if p.name.isdigit()),
              key=lambda p: int(p.name))
@@ -81,9 +101,8 @@ def measure(model_dir: str, corpus_dir: str, work_dir: str,
             arrays_dir: str | None = None, repeats: int = 5) -> list[dict]:
   work = epath.Path(work_dir)
   rows = []
-  step = _with_checksums(_newest(epath.Path(
-      run_directory.checkpoints_dir(model_dir))), work / 'checkpoints' / '0',
-                         items=True)
+  step, _ = _copies(_newest(epath.Path(run_directory.checkpoints_dir(
+      model_dir))), work / 'checkpoints', '0', items=True)
   manager = ocp.CheckpointManager(os.fspath(step.parent),
                                   options=run_directory.reader_options())
   items = sorted(p.name for p in step.iterdir() if p.is_dir())
@@ -94,30 +113,59 @@ def measure(model_dir: str, corpus_dir: str, work_dir: str,
       f'checkpoint ({", ".join(items)})', step,
       lambda: manager.restore(0, args=ocp.args.Composite(**restore_args)),
       lambda: [checksums.verify(step / name) for name in items], repeats))
-  index = _with_checksums(_newest(epath.Path(run_directory.index_dir(
-      model_dir))), work / 'index' / '0', items=True)
-  indexes = publication.index_manager(os.fspath(index.parent),
+  metadata = corpus.load_metadata(corpus_dir)
+  index, plain_index = _copies(_newest(epath.Path(run_directory.index_dir(
+      model_dir))), work / 'index', '0', items=True)
+  indexes = publication.index_manager(os.fspath(plain_index.parent),
                                       read_only=True)
+  index_metadata = publication.read_metadata(indexes, 0)
   embeddings = index / run_directory.EMBEDDINGS
   rows.append(_row(
-      'index embeddings', embeddings,
+      'index, as the trainer, search and ask load it', embeddings,
+      lambda: publication.load_index(
+          indexes, 0, metadata, index_metadata['dim'],
+          devices=jax.local_devices(),
+          block_length=index_metadata.get('block_length')),
+      lambda: [checksums.verify(item) for item in index.iterdir()
+               if item.is_dir()], repeats))
+  rows.append(_row(
+      'index embeddings alone, a plain read', embeddings,
       lambda: indexes.restore(0, args=ocp.args.Composite(**{
           run_directory.EMBEDDINGS: publication.EmbeddingsRestore()})),
       lambda: checksums.verify(embeddings), repeats))
-  fingerprint = corpus.load_metadata(corpus_dir)['corpus_fingerprint']
-  store = _with_checksums(
-      epath.Path(corpus_dir) / f'{block_store.PREFIX}{fingerprint[:16]}',
-      work / 'block_store', items=False)
-  rows.append(_row('block store, read whole', store,
-                   lambda: _read_whole(store, block_store.ARRAYS),
+  name = f'{block_store.PREFIX}{metadata["corpus_fingerprint"][:16]}'
+  store, plain_store = _copies(epath.Path(corpus_dir) / name,
+                               work / 'corpus', name, items=False,
+                               pieces=True)
+  for copy in (store, plain_store):
+    shutil.copy(epath.Path(corpus_dir) / corpus.METADATA, copy.parent)
+  checked, unchecked = os.fspath(store.parent), os.fspath(plain_store.parent)
+  length = metadata['max_block_length']
+  rows.append(_row(
+      f'block store, as the trainer, search and ask load it (padded to '
+      f'{length})', store,
+      lambda: block_store.open_store(unchecked).padded(length),
+      lambda: checksums.verify(store), repeats))
+  rows.append(_row('block store, each file a plain read', store,
+                   lambda: _read_whole(plain_store, block_store.ARRAYS),
                    lambda: checksums.verify(store), repeats))
-  for metadata in sorted(epath.Path(arrays_dir).glob(
+  ids = np.random.default_rng(0).integers(metadata['num_blocks'], size=100)
+  plain_s = _median_s(lambda: _blocks_shown(unchecked, ids), repeats)
+  checked_s = _median_s(lambda: _blocks_shown(checked, ids), repeats)
+  rows.append({'what': '100 blocks shown by ask (their pieces checked)',
+               'MiB': round(_bytes(store) / 2**20, 1),
+               'load ms': round(1e3 * plain_s, 1),
+               'check ms': round(1e3 * (checked_s - plain_s), 1),
+               'check / load %': round(
+                   100 * (checked_s - plain_s) / plain_s, 1)})
+  for found in sorted(epath.Path(arrays_dir).glob(
       f'*/*/{example_arrays.METADATA}')) if arrays_dir else []:
-    names = json.loads(metadata.read_text())['shapes']
-    copy = _with_checksums(metadata.parent, work / 'arrays' / '/'.join(
-        metadata.parent.parts[-2:]), items=False)
-    rows.append(_row(f'arrays {"/".join(copy.parts[-2:])}, read whole', copy,
-                     lambda copy=copy, names=names: _read_whole(copy, names),
+    names = json.loads(found.read_text())['shapes']
+    split = '/'.join(found.parent.parts[-2:])
+    copy, plain = _copies(found.parent, work / 'arrays', split, items=False)
+    rows.append(_row(f'arrays {split}, read whole', copy,
+                     lambda plain=plain, names=names: _read_whole(plain,
+                                                                  names),
                      lambda copy=copy: checksums.verify(copy), repeats))
   manager.close()
   indexes.close()

@@ -8,7 +8,11 @@ exported arrays) gets `checksums.json`, the CRC-32C of each of its files,
 written before the directory becomes visible: for Orbax items by their
 handler's `finalize` (`checksummed`), which runs before Orbax commits the
 step; for the .npy stores into the staged directory before it is renamed.
-Readers call `verify` on what they are about to read.
+Readers call `verify` on what they are about to read. A block store also
+gets the CRC-32C of each PIECE bytes of its files: `ask` and `search`
+memory-map it and read a few blocks, so `Pieces` checks the pieces a read
+touches, the first time it touches them, rather than every byte at open
+(gigabytes, for the paper's 13M blocks).
 
 A directory without `checksums.json` was written before realm-jax kept them
 and is read unchecked (logged once per directory).
@@ -24,6 +28,7 @@ import os
 import threading
 
 import google_crc32c
+import numpy as np
 from etils import epath
 
 from realm_jax import errors
@@ -36,6 +41,9 @@ _AFTER_FINALIZE = ('commit_success.txt',)
 # Small enough that each read reuses the memory of the one before: 16 MiB
 # reads ran at a quarter of the rate, paging in fresh memory each time.
 _CHUNK = 256 << 10
+# The bytes each piece checksum covers: a read of one block checks 64 KiB
+# of a file, about 4 us, and a 13M-block store's manifest holds 150k.
+PIECE = 64 << 10
 _unchecked_logged = set()
 _unchecked_lock = threading.Lock()
 
@@ -74,15 +82,69 @@ def _files(directory: epath.Path) -> list[str]:
   return sorted(found)
 
 
-def write(directory) -> None:
-  """`directory`/checksums.json: the CRC-32C of each file under it (written
-  to a temporary name and renamed, so it is whole or absent)."""
+def _piece_crcs(path) -> tuple[int, str]:
+  """(the file's CRC-32C, that of each PIECE bytes of it as 8 hex digits
+  each, in order)."""
+  crc, pieces = 0, []
+  with epath.Path(path).open('rb') as f:
+    for piece in iter(lambda: f.read(PIECE), b''):
+      crc = extend(crc, piece)
+      pieces.append(f'{extend(0, piece):08x}')
+  return crc, ''.join(pieces)
+
+
+def write(directory, pieces: bool = False) -> None:
+  """`directory`/checksums.json: the CRC-32C of each file under it, and
+  with `pieces` of each PIECE bytes of them (written to a temporary name
+  and renamed, so it is whole or absent)."""
   directory = epath.Path(directory)
-  manifest = {'algorithm': 'crc32c', 'files': {
-      name: f'{crc32c(directory / name):08x}' for name in _files(directory)}}
+  manifest = {'algorithm': 'crc32c', 'files': {}}
+  if pieces:
+    manifest['piece_bytes'], manifest['pieces'] = PIECE, {}
+  for name in _files(directory):
+    if pieces:
+      crc, manifest['pieces'][name] = _piece_crcs(directory / name)
+    else:
+      crc = crc32c(directory / name)
+    manifest['files'][name] = f'{crc:08x}'
   partial = directory / f'.{MANIFEST}.{os.getpid()}'
   partial.write_text(json.dumps(manifest, indent=1, sort_keys=True))
   partial.replace(directory / MANIFEST)
+
+
+def _manifest(directory: epath.Path) -> dict | None:
+  """`directory`'s checksums.json, None where it has none; raises
+  errors.ChecksumMismatch when it does not read."""
+  path = directory / MANIFEST
+  try:
+    text = path.read_text()
+  except FileNotFoundError:
+    _log_unchecked(directory)
+    return None
+  except (OSError, UnicodeDecodeError) as error:
+    raise errors.ChecksumMismatch(path, f'unreadable ({error})') from error
+  try:
+    manifest = json.loads(text)
+    manifest['files'] = {str(name): int(crc, 16)
+                         for name, crc in manifest['files'].items()}
+    if 'pieces' in manifest:
+      manifest['piece_bytes'] = int(manifest['piece_bytes'])
+      manifest['pieces'] = {
+          str(name): np.frombuffer(bytes.fromhex(crcs), '>u4')
+          for name, crcs in manifest['pieces'].items()}
+  except (ValueError, KeyError, TypeError, AttributeError) as error:
+    raise errors.ChecksumMismatch(
+        path, f'not a checksum manifest ({type(error).__name__}: {error})'
+    ) from error
+  return manifest
+
+
+def _changed(file: epath.Path, found: int, expected: int,
+             what: str = '') -> errors.ChecksumMismatch:
+  return errors.ChecksumMismatch(
+      file, f'CRC-32C {found:08x}{what}, but {MANIFEST} says {expected:08x}: '
+      'its bytes changed after it was written (a flipped bit, a damaged '
+      'disk)')
 
 
 def verify(directory) -> None:
@@ -90,22 +152,10 @@ def verify(directory) -> None:
   raises errors.ChecksumMismatch naming the first that differs, is missing,
   or the manifest itself when it does not read."""
   directory = epath.Path(directory)
-  path = directory / MANIFEST
-  try:
-    text = path.read_text()
-  except FileNotFoundError:
-    _log_unchecked(directory)
+  manifest = _manifest(directory)
+  if manifest is None:
     return
-  except (OSError, UnicodeDecodeError) as error:
-    raise errors.ChecksumMismatch(path, f'unreadable ({error})') from error
-  try:
-    files = json.loads(text)['files']
-    expected = {str(name): int(crc, 16) for name, crc in files.items()}
-  except (ValueError, KeyError, TypeError, AttributeError) as error:
-    raise errors.ChecksumMismatch(
-        path, f'not a checksum manifest ({type(error).__name__}: {error})'
-    ) from error
-  for name, crc in expected.items():
+  for name, crc in manifest['files'].items():
     file = directory / name
     try:
       found = crc32c(file)
@@ -113,10 +163,87 @@ def verify(directory) -> None:
       raise errors.ChecksumMismatch(
           file, f'missing, though {MANIFEST} lists it') from error
     if found != crc:
-      raise errors.ChecksumMismatch(
-          file, f'CRC-32C {found:08x}, but {MANIFEST} says {crc:08x}: its '
-          'bytes changed after it was written (a flipped bit, a damaged '
-          'disk)')
+      raise _changed(file, found, crc)
+
+
+class Pieces:
+  """A directory's files, checked a piece at a time as reads touch them.
+
+  Opening checks that every file the manifest lists is there, as long as
+  its pieces say; `check` then reads each piece of a byte range not
+  checked before and compares its CRC-32C, raising
+  errors.ChecksumMismatch naming the file and the piece. A piece checked
+  once is not read again by this object (so a store's reader pays for a
+  piece once, however often it serves it).
+  """
+
+  def __init__(self, directory: epath.Path, manifest: dict):
+    self.directory = directory
+    self._bytes = manifest['piece_bytes']
+    self._crcs = manifest['pieces']
+    self._checked = {name: np.zeros(len(crcs), bool)
+                     for name, crcs in self._crcs.items()}
+    self._descriptors = {}
+    for name, crcs in self._crcs.items():
+      file = directory / name
+      try:
+        size = os.path.getsize(file)
+      except FileNotFoundError as error:
+        raise errors.ChecksumMismatch(
+            file, f'missing, though {MANIFEST} lists it') from error
+      if -(-size // self._bytes) != len(crcs):
+        raise errors.ChecksumMismatch(
+            file, f'{size:,} bytes, but {MANIFEST} has {len(crcs):,} pieces '
+            f'of {self._bytes:,}: it was cut short or grew after it was '
+            'written')
+
+  def check(self, name: str, start: int, stop: int) -> None:
+    """Checks bytes [start, stop) of file `name` (relative to the
+    directory); a file the manifest does not list is not checked."""
+    checked = self._checked.get(name)
+    if checked is None or stop <= start:
+      return
+    first, last = start // self._bytes, (stop - 1) // self._bytes
+    if first == last and checked[first]:
+      return  # The common case, a block read again: no array made.
+    todo = first + np.flatnonzero(~checked[first:last + 1])
+    if not len(todo):
+      return
+    file = self.directory / name
+    descriptor = self._descriptors.get(name)
+    if descriptor is None:  # Kept open: a read of a block is a few pieces.
+      descriptor = self._descriptors[name] = os.open(file, os.O_RDONLY)
+    for piece in todo.tolist():
+      found = extend(0, os.pread(descriptor, self._bytes,
+                                 piece * self._bytes))
+      if found != self._crcs[name][piece]:
+        raise _changed(file, found, int(self._crcs[name][piece]),
+                       f' in bytes {piece * self._bytes:,} to '
+                       f'{(piece + 1) * self._bytes:,}')
+      checked[piece] = True
+
+  def close(self) -> None:
+    for descriptor in self._descriptors.values():
+      os.close(descriptor)
+    self._descriptors.clear()
+
+  def __del__(self):
+    self.close()
+
+
+def open_pieces(directory) -> Pieces | None:
+  """`directory`'s files to check as they are read: a Pieces where its
+  manifest has pieces; where it has none (written before realm-jax kept
+  them), every file checked whole now and None; None too without a
+  manifest (read unchecked, logged once)."""
+  directory = epath.Path(directory)
+  manifest = _manifest(directory)
+  if manifest is None:
+    return None
+  if 'pieces' not in manifest:
+    verify(directory)
+    return None
+  return Pieces(directory, manifest)
 
 
 def _log_unchecked(directory: epath.Path) -> None:

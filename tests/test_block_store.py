@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from realm_jax import errors, extras
+from realm_jax import checksums, errors, extras
 from realm_jax.data import block_store, corpus, corpus_changes
 from realm_jax.index.embed import block_arrays
 from tests.helpers import ARTICLES, flip_a_bit
@@ -108,3 +108,63 @@ def test_without_tensorflow_a_damaged_store_is_kept_and_named(
   with pytest.raises(errors.BadInput, match=f'{store_dir} is unreadable'):
     block_store.open_store(zebra_corpus)
   assert (store_dir / 'bodies.npy').is_file()
+
+
+def test_a_store_read_in_part_refuses_exactly_the_blocks_on_a_flipped_piece(
+    zebra_corpus, tmp_path, monkeypatch):
+  """`ask` and `search` open the store without reading it whole: a read
+  checks the pieces it touches, so a flipped bit refuses the blocks whose
+  bytes share its piece, by the file's name, and every other block reads."""
+  monkeypatch.setattr(checksums, 'PIECE', 64)
+  whole = block_store.open_store(zebra_corpus)  # Written, pieces of 64.
+  bodies = [whole.body(i) for i in range(whole.num_blocks)]
+  store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
+                   if p.name.startswith(block_store.PREFIX))
+  path = store_dir / 'bodies.npy'
+  header = block_store.open_store(zebra_corpus).arrays['bodies'].offset
+  offsets = whole.arrays['body_offsets']
+  for seed in range(5):
+    original = path.read_bytes()
+    position = header * 8 + int(np.random.default_rng(seed).integers(
+        (len(original) - header) * 8))
+    flipped = bytearray(original)
+    flipped[position // 8] ^= 1 << position % 8
+    path.write_bytes(bytes(flipped))
+    piece = position // 8 // 64
+    store = block_store.open_store(zebra_corpus, whole=False)
+    for i, body in enumerate(bodies):
+      first, last = ((header + offsets[i]) // 64,
+                     (header + offsets[i + 1] - 1) // 64)
+      if first <= piece <= last:
+        with pytest.raises(errors.ChecksumMismatch, match=f'{path}: CRC'):
+          store.body(i)
+      else:
+        assert store.body(i) == body
+    path.write_bytes(original)
+
+
+
+def test_a_share_of_the_blocks_checks_its_own_and_a_damaged_one_is_rebuilt(
+    zebra_corpus, tmp_path, monkeypatch):
+  """The index builder's share, or the blocks a corpus sync adds, checks the
+  pieces it reads; a flipped bit there reads the shards again."""
+  monkeypatch.setattr(checksums, 'PIECE', 64)
+  expected = block_arrays(zebra_corpus, max_length=16)  # The store written.
+  store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
+                   if p.name.startswith(block_store.PREFIX))
+  path = store_dir / 'token_ids.npy'
+  ids = block_store.open_store(zebra_corpus).arrays['token_ids']
+  offsets = block_store.open_store(zebra_corpus).arrays['token_offsets']
+  last = ids.offset + ids.itemsize * int(offsets[-2])  # The last block's.
+  assert (ids.offset + ids.itemsize * int(offsets[2])) // 64 < last // 64
+  flipped = bytearray(path.read_bytes())
+  flipped[last] ^= 1
+  path.write_bytes(bytes(flipped))
+  first_two = block_arrays(zebra_corpus, 0, 2, max_length=16)
+  for name, values in first_two.items():
+    np.testing.assert_array_equal(values, expected[name][:2])
+  assert path.read_bytes() == bytes(flipped)  # Not read, not rebuilt.
+  last_two = block_arrays(zebra_corpus, 10, 12, max_length=16)
+  for name, values in last_two.items():
+    np.testing.assert_array_equal(values, expected[name][10:])
+  assert path.read_bytes() != bytes(flipped)  # Read again from the shards.

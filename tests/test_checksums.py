@@ -94,3 +94,77 @@ def test_files_added_after_the_manifest_are_not_checked(written):
   (written / 'commit_success.txt').write_text('done')
   (written / 'new').write_text('x')
   checksums.verify(written)
+
+
+@pytest.fixture
+def pieced(tmp_path, monkeypatch):
+  """A file of 1,000 bytes in pieces of 64 (the last one short), with a
+  manifest of whole and piece checksums."""
+  monkeypatch.setattr(checksums, 'PIECE', 64)
+  (tmp_path / 'data').write_bytes(np.random.default_rng(0).bytes(1000))
+  checksums.write(tmp_path, pieces=True)
+  return tmp_path
+
+
+def test_a_read_checks_the_pieces_it_touches_and_only_them(pieced):
+  """Each flipped bit is refused by exactly the reads that touch its piece,
+  naming the file and the piece's bytes; the whole-file check still holds."""
+  path = pieced / 'data'
+  original = path.read_bytes()
+  checksums.verify(pieced)
+  for position in range(0, len(original) * 8, 61):
+    flipped = bytearray(original)
+    flipped[position // 8] ^= 1 << position % 8
+    path.write_bytes(bytes(flipped))
+    piece = position // 8 // 64
+    reads = checksums.open_pieces(pieced)
+    for start in range(0, 1000, 100):  # Reads of 100 bytes, in order.
+      stop = start + 100
+      if start // 64 <= piece <= (stop - 1) // 64:
+        with pytest.raises(
+            errors.ChecksumMismatch,
+            match=f'{path}: CRC-32C .* in bytes {piece * 64:,} to '):
+          reads.check('data', start, stop)
+      else:
+        reads.check('data', start, stop)
+    with pytest.raises(errors.ChecksumMismatch, match=f'{path}: CRC-32C'):
+      checksums.verify(pieced)
+  path.write_bytes(original)
+  reads = checksums.open_pieces(pieced)
+  reads.check('data', 0, 1000)
+  reads.check('not listed', 0, 10**9)
+
+
+def test_a_piece_is_read_once(pieced):
+  reads = checksums.open_pieces(pieced)
+  reads.check('data', 130, 140)
+  path = pieced / 'data'
+  flipped = bytearray(path.read_bytes())
+  flipped[150] ^= 1  # In piece 2, after it was checked.
+  path.write_bytes(bytes(flipped))
+  reads.check('data', 140, 160)  # Not read again.
+  with pytest.raises(errors.ChecksumMismatch):
+    checksums.open_pieces(pieced).check('data', 140, 151)
+
+
+@pytest.mark.parametrize('size', [999, 1001, 960, 1100])
+def test_a_file_cut_short_or_grown_past_its_pieces_is_refused_at_open(
+    pieced, size):
+  path = pieced / 'data'
+  data = path.read_bytes()
+  path.write_bytes(data[:size] + bytes(max(0, size - len(data))))
+  if -(-size // 64) == 16:  # The same number of pieces: the last one fails.
+    reads = checksums.open_pieces(pieced)
+    with pytest.raises(errors.ChecksumMismatch, match='in bytes 960 to'):
+      reads.check('data', 990, 991)
+  else:
+    with pytest.raises(errors.ChecksumMismatch,
+                       match=f'{size:,} bytes, but checksums.json has 16'):
+      checksums.open_pieces(pieced)
+
+
+def test_a_manifest_without_pieces_is_checked_whole_at_open(written):
+  assert checksums.open_pieces(written) is None
+  flip_a_bit(written / 'sub' / 'b')
+  with pytest.raises(errors.ChecksumMismatch, match='sub/b: CRC-32C'):
+    checksums.open_pieces(written)

@@ -8,8 +8,11 @@ the shards, as .npy files that later readers memory-map: the token ids
 store is named by the corpus fingerprint, so a changed corpus (`corpus add`
 or `remove`) is never read from a stale one; it is written into a
 temporary directory and renamed, so a killed writer leaves none half
-written. Its files' CRC-32C (`checksums`) are written with it and checked
-when it is opened; a store that fails them is read again from the shards.
+written. Its files' CRC-32C (`checksums`), whole and of each piece, are
+written with it. A reader of the whole store (the trainer, the index
+builder) checks every file when it opens it, and a store that fails is read
+again from the shards. `ask` and `search` read a few blocks of a store that
+can be gigabytes: each read checks the pieces it touches instead.
 A corpus on a remote or read-only file system is read from its shards each
 time.
 
@@ -35,20 +38,37 @@ ARRAYS = ('token_ids', 'token_offsets', 'title_lengths', 'titles',
 
 
 class BlockStore:
-  """Block i's wordpieces, title length, title and body, by id."""
+  """Block i's wordpieces, title length, title and body, by id.
 
-  def __init__(self, arrays: dict[str, np.ndarray]):
+  `pieces`: the checks of a memory-mapped store's files, made as `read`
+  touches them (None: checked whole when opened, or read from the shards).
+  """
+
+  def __init__(self, arrays: dict[str, np.ndarray],
+               pieces: checksums.Pieces | None = None):
     self.arrays = arrays
     self.num_blocks = len(arrays['title_lengths'])
+    self._pieces = pieces
+
+  def read(self, name: str, start: int, stop: int) -> np.ndarray:
+    """Elements [start, stop) of array `name`, their bytes checked."""
+    array = self.arrays[name]
+    if self._pieces is not None:
+      offset, size = array.offset, array.itemsize  # np.memmap's.
+      self._pieces.check(f'{name}.npy', offset + int(start) * size,
+                         offset + int(stop) * size)
+    return array[start:stop]
 
   def token_ids(self, i: int) -> np.ndarray:
-    offsets = self.arrays['token_offsets']
-    return self.arrays['token_ids'][offsets[i]:offsets[i + 1]].astype(
-        np.int32)
+    start, stop = self.read('token_offsets', i, i + 2)
+    return self.read('token_ids', start, stop).astype(np.int32)
+
+  def title_length(self, i: int) -> int:
+    return int(self.read('title_lengths', i, i + 1)[0])
 
   def _text(self, blob: str, offsets: str, i: int) -> str:
-    start, stop = self.arrays[offsets][i:i + 2]
-    return bytes(self.arrays[blob][start:stop]).decode('utf-8')
+    start, stop = self.read(offsets, i, i + 2)
+    return bytes(self.read(blob, start, stop)).decode('utf-8')
 
   def title(self, i: int) -> str:
     return self._text('titles', 'title_offsets', i)
@@ -62,7 +82,9 @@ class BlockStore:
     each cut to L = `length` wordpieces but still closed by its [SEP]; the
     title's [CLS] title [SEP] has type 0."""
     stop = self.num_blocks if stop is None else stop
-    offsets = self.arrays['token_offsets'][start:stop + 1].astype(np.int64)
+    offsets = self.read('token_offsets', start, stop + 1).astype(np.int64)
+    tokens = self.read('token_ids', offsets[0], offsets[-1])
+    offsets -= offsets[0]
     lengths = np.diff(offsets)
     kept = np.minimum(lengths, length)
     columns = np.arange(length)
@@ -71,9 +93,9 @@ class BlockStore:
     source = offsets[:-1, None] + np.where(
         columns[None, :] == kept[:, None] - 1, lengths[:, None] - 1,
         columns[None, :])
-    token_ids = np.where(inside, self.arrays['token_ids'][
-        np.where(inside, source, 0)], 0).astype(np.int32)
-    title_end = self.arrays['title_lengths'][start:stop, None] + 2
+    token_ids = np.where(inside, tokens[np.where(inside, source, 0)],
+                         0).astype(np.int32)
+    title_end = self.read('title_lengths', start, stop)[:, None] + 2
     return {'token_ids': token_ids, 'input_mask': inside.astype(np.int32),
             'token_type_ids': (inside & (columns[None, :] >= title_end)
                                ).astype(np.int32)}
@@ -116,7 +138,7 @@ def _write(directory: epath.Path, arrays: dict[str, np.ndarray]) -> None:
   staged.mkdir(exist_ok=True)  # A killed writer's, of a reused pid.
   for name in ARRAYS:
     np.save(os.fspath(staged / f'{name}.npy'), arrays[name])
-  checksums.write(staged)
+  checksums.write(staged, pieces=True)
   try:
     staged.rename(directory)
   except OSError:  # Another reader wrote it first.
@@ -127,18 +149,28 @@ def _write(directory: epath.Path, arrays: dict[str, np.ndarray]) -> None:
       _remove(old)
 
 
-def open_store(corpus_dir: str) -> BlockStore:
+def open_store(corpus_dir: str, whole: bool = True) -> BlockStore:
   """The corpus's block store: memory-mapped when written before, else read
-  from the shards (and written, where the corpus lives on a local disk)."""
+  from the shards (and written, where the corpus lives on a local disk).
+  `whole`: the caller reads every block, so every file is checked now;
+  False checks each piece when a read first touches it."""
   fingerprint = corpus.load_metadata(corpus_dir)['corpus_fingerprint']
   local = '://' not in corpus_dir
   directory = epath.Path(corpus_dir) / f'{PREFIX}{fingerprint[:16]}'
   damaged = None
   if local and directory.is_dir():
     try:
-      checksums.verify(directory)
-      return BlockStore({name: np.load(os.fspath(directory / f'{name}.npy'),
-                                       mmap_mode='r') for name in ARRAYS})
+      if whole:
+        checksums.verify(directory)
+        pieces = None
+      else:
+        pieces = checksums.open_pieces(directory)
+      arrays = {name: np.load(os.fspath(directory / f'{name}.npy'),
+                              mmap_mode='r') for name in ARRAYS}
+      if pieces is not None:  # The .npy headers np.load has just read.
+        for name, array in arrays.items():
+          pieces.check(f'{name}.npy', 0, array.offset)
+      return BlockStore(arrays, pieces)
     except (OSError, ValueError, errors.ChecksumMismatch) as error:
       damaged = error  # Read the shards.
   try:

@@ -93,7 +93,7 @@ def _arrays(blocks: Iterable[dict], tokenizer, store: block_store.BlockStore,
     for block in batch:
       block_id = int(block['block_id'])
       wordpieces = store.token_ids(block_id).tolist()
-      at = int(store.arrays['title_lengths'][block_id]) + 2  # [CLS] t [SEP]
+      at = store.title_length(block_id) + 2  # [CLS] t [SEP]
       sentences = [next(pieces) for _ in block['sentence_starts']]
       for index, sentence in enumerate(sentences):
         if wordpieces[at:at + len(sentence)] != sentence:
@@ -219,10 +219,11 @@ class SpanArrays:
       start, stop = self.arrays['cut_offsets'][row - sentences:
                                                row - sentences + 2]
       return self.arrays['cut_tokens'][start:stop].astype(np.int32)
-    start = (int(self.store.arrays['token_offsets'][self.block_id(block)])
+    block_id = self.block_id(block)
+    start = (int(self.store.read('token_offsets', block_id, block_id + 1)[0])
              + int(self.arrays['sentence_starts'][row]))
     stop = start + int(self.arrays['sentence_lengths'][row])
-    return self.store.arrays['token_ids'][start:stop].astype(np.int32)
+    return self.store.read('token_ids', start, stop).astype(np.int32)
 
   def span(self, index: int) -> tuple[int, int, int, int]:
     """(block, row, start, end) of span `index`."""

@@ -49,7 +49,8 @@ class BlockTexts:
 
   def __init__(self, corpus_dir: str, tokenizer):
     self.tokenizer = tokenizer
-    store = block_store.open_store(corpus_dir)
+    # A few blocks are read, each piece checked as it is.
+    store = block_store.open_store(corpus_dir, whole=False)
     removed = set(corpus_changes.removed_ids(
         corpus.load_metadata(corpus_dir)).tolist())
     live = [i for i in range(store.num_blocks) if i not in removed]

@@ -14,6 +14,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from realm_jax import errors
 from realm_jax.data import block_store, corpus
 from realm_jax.models import target
 from realm_jax.models.retriever import Retriever
@@ -27,7 +28,14 @@ def block_arrays(corpus_dir: str, start: int = 0, stop: int | None = None,
   """token_ids/token_type_ids/input_mask [n, L] of blocks [start, stop),
   from the corpus's block store."""
   length = max_length or corpus.load_metadata(corpus_dir)['max_block_length']
-  return block_store.open_store(corpus_dir).padded(length, start, stop)
+  # Each piece of the store checked as it is read: a builder's share, or the
+  # blocks a corpus sync adds, without a check of every other block.
+  try:
+    return block_store.open_store(corpus_dir, whole=False).padded(
+        length, start, stop)
+  except errors.ChecksumMismatch:
+    # Checked whole now: the damaged store is read again from the shards.
+    return block_store.open_store(corpus_dir).padded(length, start, stop)
 
 
 def _per_process(num_blocks: int) -> int:
