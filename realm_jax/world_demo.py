@@ -352,8 +352,7 @@ def run(work_dir: str = 'runs/world', preset: str = 'world',
   # Each run's bindings and its index builder's stale factor (None: none).
   runs = {'realm': ((), 1), 'baseline': (('Pretrain.num_candidates=1',),
                                          None),
-          'frozen': ((f'bert_adamw.retriever_frozen_steps='
-                      f'{sizes.pretrain_steps}',), None),
+          'frozen': (('Pretrain.train_retriever=False',), None),
           # Scored as the others are, on the same queries: where they began.
           'start': (('train.num_steps=0', 'bert_adamw.warmup_steps=0'),
                     None)}

@@ -76,6 +76,38 @@ def test_sharded_step_equals_single_device_step(tmp_path):
                                  for g in jax.tree.leaves(grads))
 
 
+def test_a_frozen_retriever_keeps_its_start_and_costs_no_backward_pass(
+    tmp_path):
+  """Pretrain.train_retriever=False: a step moves the reader, never the
+  towers, and compiles to fewer FLOPs than the step that trains both (the
+  towers' backward pass dropped)."""
+  bind_tiny()
+  flops, steps = {}, {}
+  for trained in (True, False):
+    run = run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir='',
+                             train_retriever=trained)
+    trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
+    state = trainer.initial_state()
+    preparer = run.batch_preparer(str(tmp_path / str(trained)), trainer.mesh)
+    preparer.start(state.params, 0)
+    examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+    inputs, _ = preparer.prepare(examples, state.params, 0)
+    before = jax.device_get(state.params)
+    flops[trained] = trainer._jit_step(inputs).lower(
+        state, inputs).compile().cost_analysis()['flops']
+    for _ in range(2):  # The learning rate of step 0 is 0 (warmup).
+      state, metrics = trainer.step(state, inputs)
+    after = jax.device_get(state.params)
+    steps[trained] = {
+        name: max(float(np.abs(a - b).max()) for a, b in zip(
+            jax.tree.leaves(after[name]), jax.tree.leaves(before[name])))
+        for name in ('retriever', 'reader')}
+    assert np.isfinite(metrics['loss'])
+  assert steps[True]['retriever'] > 0 and steps[True]['reader'] > 0
+  assert steps[False]['retriever'] == 0 and steps[False]['reader'] > 0
+  assert flops[False] < 0.9 * flops[True], flops
+
+
 def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
   bind_tiny()
   run = run_kinds.Pretrain(num_candidates=1, query_length=32, bert_dir='',

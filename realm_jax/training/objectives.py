@@ -122,16 +122,25 @@ class MarginalMaskedLm(_ReadsCandidates):
     null_score_offset: None scores the null document by the document
       tower, as the paper does; a number d scores it max_z f(x, z) - d (see
       `losses.null_score_below_best`).
+    train_retriever: False keeps both towers at their start (`frozen`).
   """
 
   def __init__(self, model: Realm, query_length: int, max_masked: int,
                num_candidates: int, block_length: int | None,
                marginalize: losses.Marginalization,
-               null_score_offset: float | None, microbatches: int = 1):
+               null_score_offset: float | None, microbatches: int = 1,
+               train_retriever: bool = True):
     super().__init__(model, query_length, num_candidates, block_length,
                      microbatches)
     self.max_masked, self.marginalize = max_masked, marginalize
     self.null_score_offset = null_score_offset
+    self.train_retriever = train_retriever
+
+  def frozen(self, params):
+    if self.train_retriever:
+      return None
+    return {name: jax.tree.map(lambda _, n=name: n == 'retriever', tree)
+            for name, tree in params.items()}
 
   def abstract_inputs(self, batch_size, block_length):
     masked = (batch_size, self.max_masked)

@@ -135,6 +135,10 @@ class Pretrain(RunKind):
       number d scores it max_z f(x, z) - d over the retrieved blocks (no
       gradient through the max), so that the marginal can fall back on
       reading nothing when the blocks do not help. Not the paper's.
+    train_retriever: False keeps both towers at their start, and computes
+      no gradient for them: the control of a REALM run (the same run with
+      its retriever frozen). `bert_adamw.retriever_frozen_steps` holds
+      them for a while instead, their gradient computed and dropped.
   """
 
   def __init__(self, corpus_name: str = 'wiki_leads', masking: str = 'salient',
@@ -147,7 +151,8 @@ class Pretrain(RunKind):
                reader_model_dir: str | None = None,
                bert_dir: str | None = None, microbatches: int = 1,
                source_block_rate: float = 0.0,
-               null_score_offset: float | None = None):
+               null_score_offset: float | None = None,
+               train_retriever: bool = True):
     if source_block_rate and num_candidates != 1:
       raise errors.BadConfig(f'Pretrain.source_block_rate={source_block_rate} '
                              'needs Pretrain.num_candidates = 1 (a reader warm '
@@ -163,7 +168,8 @@ class Pretrain(RunKind):
         corpus_name, block_length,
         objectives.MarginalMaskedLm(
             build_realm(), query_length, max_masked, num_candidates,
-            block_length, marginalize, null_score_offset, microbatches))
+            block_length, marginalize, null_score_offset, microbatches,
+            train_retriever))
     self.null_document, self.exclude_source = null_document, exclude_source
     self.source_block_rate = source_block_rate
     self.ict_model_dir, self.reader_model_dir = ict_model_dir, reader_model_dir

@@ -64,7 +64,7 @@ class Trainer:
     boxed = jax.eval_shape(objective.init, self.rng)
     self.param_shardings = partitioning.logical_shardings(boxed, mesh)
     abstract_params = nn.meta.unbox(boxed)
-    frozen = objective.frozen(abstract_params)
+    self.frozen = frozen = objective.frozen(abstract_params)
     # The schedule decays to zero at the run's last step.
     self.tx, self.schedule = optimizer.bert_adamw(
         total_steps=num_steps,
@@ -103,9 +103,17 @@ class Trainer:
                    opt_state=opt_state, rng=self.rng), self.state_shardings)
 
   def loss_and_grads(self, params, inputs, rng):
-    """((loss, metrics), gradients) of one batch, in training mode."""
-    return jax.value_and_grad(self.objective.loss, has_aux=True)(
-        params, inputs, rng, False)
+    """((loss, metrics), gradients) of one batch, in training mode. The
+    parameters the objective freezes get a zero gradient through
+    stop_gradient, so XLA drops the backward pass only they need."""
+
+    def loss(params):
+      if self.frozen is not None:
+        params = jax.tree.map(
+            lambda p, f: jax.lax.stop_gradient(p) if f else p, params,
+            self.frozen)
+      return self.objective.loss(params, inputs, rng, False)
+    return jax.value_and_grad(loss, has_aux=True)(params)
 
   def gradients(self, params, inputs, rng):
     """(metrics, gradients) of a global batch: their means over the
