@@ -187,7 +187,7 @@ def _corpus(target: pathlib.Path, name: str) -> dict:
     values = store.arrays[array]  # A store written before ids were compact:
     np.save(os.fspath(directory / f'{array}.npy'), example_arrays.compact(
         values) if array == 'token_ids' else values)
-  checksums.write(directory)
+  checksums.write(directory, pieces=True)  # As block_store writes it.
   (target / name / corpus.METADATA).write_bytes(
       (epath.Path(source) / corpus.METADATA).read_bytes())
   return {'corpus_fingerprint': metadata['corpus_fingerprint'],

@@ -634,14 +634,14 @@ def _corpus_dir(args) -> str:
 def _embed(args) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax import embedded, run_directory  # pylint: disable=g-import-not-at-top
-  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.data.open_corpus import OpenCorpus  # pylint: disable=g-import-not-at-top
   from realm_jax.index import embed, publication  # pylint: disable=g-import-not-at-top
   from realm_jax.models import pretrained  # pylint: disable=g-import-not-at-top
   from realm_jax.models.realm import model_retriever  # pylint: disable=g-import-not-at-top
   from realm_jax.models.retriever import init_retriever_params  # pylint: disable=g-import-not-at-top
   _parse_gin(args)
   retriever = model_retriever()
-  corpus_dir = _corpus_dir(args)
+  opened = OpenCorpus(_corpus_dir(args))
   if args.model_dir:
     checkpoints = run_directory.trainer_checkpoints(args.model_dir)
     step, params = run_directory.newest(checkpoints, functools.partial(
@@ -658,7 +658,7 @@ def _embed(args) -> None:
   publication.embed_and_publish(
       publication.index_manager(output), step,
       embed.DocumentEmbedder(retriever, args.batch_size), params,
-      embed.local_block_arrays(corpus_dir), corpus.load_metadata(corpus_dir))
+      embed.local_block_arrays(opened), opened.metadata)
   print(f'index step {step} ({retriever.config.dtype.name}) in {output}')
 
 

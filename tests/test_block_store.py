@@ -7,7 +7,7 @@ import pytest
 
 from realm_jax import checksums, errors, extras
 from realm_jax.data import block_store, corpus, corpus_changes
-from realm_jax.index.embed import block_arrays
+from realm_jax.data.open_corpus import OpenCorpus
 from tests.helpers import ARTICLES, flip_a_bit
 
 pytestmark = pytest.mark.unit
@@ -48,7 +48,7 @@ def test_the_store_holds_what_the_shards_hold(zebra_corpus):
     assert {a.dtype for a in padded.values()} == {np.dtype(np.int32)}
   # The embedding job reads exactly these.
   np.testing.assert_array_equal(
-      block_arrays(zebra_corpus, max_length=16)['token_ids'],
+      OpenCorpus(zebra_corpus).padded(16)['token_ids'],
       store.padded(16)['token_ids'])
 
 
@@ -149,7 +149,7 @@ def test_a_share_of_the_blocks_checks_its_own_and_a_damaged_one_is_rebuilt(
   """The index builder's share, or the blocks a corpus sync adds, checks the
   pieces it reads; a flipped bit there reads the shards again."""
   monkeypatch.setattr(checksums, 'PIECE', 64)
-  expected = block_arrays(zebra_corpus, max_length=16)  # The store written.
+  expected = OpenCorpus(zebra_corpus).padded(16)  # The store written.
   store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
                    if p.name.startswith(block_store.PREFIX))
   path = store_dir / 'token_ids.npy'
@@ -160,11 +160,11 @@ def test_a_share_of_the_blocks_checks_its_own_and_a_damaged_one_is_rebuilt(
   flipped = bytearray(path.read_bytes())
   flipped[last] ^= 1
   path.write_bytes(bytes(flipped))
-  first_two = block_arrays(zebra_corpus, 0, 2, max_length=16)
+  first_two = OpenCorpus(zebra_corpus).padded(16, 0, 2)
   for name, values in first_two.items():
     np.testing.assert_array_equal(values, expected[name][:2])
   assert path.read_bytes() == bytes(flipped)  # Not read, not rebuilt.
-  last_two = block_arrays(zebra_corpus, 10, 12, max_length=16)
+  last_two = OpenCorpus(zebra_corpus).padded(16, 10, 12)
   for name, values in last_two.items():
     np.testing.assert_array_equal(values, expected[name][10:])
   assert path.read_bytes() != bytes(flipped)  # Read again from the shards.

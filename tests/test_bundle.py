@@ -71,6 +71,8 @@ def test_the_bundle_holds_every_part_under_the_limit(built, small_corpus):
   assert sorted(os.listdir(corpus_dir / store)) == sorted(
       [*(f'{name}.npy' for name in block_store.ARRAYS), checksums.MANIFEST])
   checksums.verify(corpus_dir / store)
+  # Its pieces too: `ask` on the GPU machine checks what it reads.
+  assert checksums.open_pieces(corpus_dir / store) is not None
   assert np.load(corpus_dir / store / 'title_lengths.npy').shape == (
       source['num_blocks'],)
   runs = manifest['parts']['arrays']['runs']

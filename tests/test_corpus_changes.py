@@ -14,7 +14,8 @@ from realm_jax import errors, main, run_directory
 from realm_jax.data import corpus, corpus_changes
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.index import publication
-from realm_jax.index.embed import DocumentEmbedder, block_arrays
+from realm_jax.data.open_corpus import OpenCorpus
+from realm_jax.index.embed import DocumentEmbedder
 from realm_jax.index.refresh import IndexBuilder
 from tests.helpers import ARTICLES, bind_tiny, finetuned
 
@@ -220,7 +221,7 @@ def test_ask_answers_from_an_added_block_until_it_is_removed(
   run = QAPredictor(model_dir)
   expected = DocumentEmbedder(run.run.retriever(), 8)(
       run_directory.restore_params(model_dir, 0)[1]['retriever'],
-      block_arrays(zebra_corpus, 12, 13, metadata['block_length']))
+      OpenCorpus(zebra_corpus).padded(metadata['block_length'], 12, 13))
   np.testing.assert_allclose(after[12], np.asarray(expected)[0], rtol=1e-4,
                              atol=1e-5)
 
@@ -263,7 +264,7 @@ def test_trainer_and_builder_restart_on_a_changed_corpus(zebra):
 
   gin.clear_config()
   bind_tiny()
-  builder = IndexBuilder(model_dir, corpus.corpus_dir('wiki_leads'))
+  builder = IndexBuilder(model_dir, OpenCorpus(corpus.corpus_dir('wiki_leads')))
   assert builder.last == 2  # The index of the second change.
   assert builder.poll() == 'published' and builder.last == 4
   assert publication.read_embeddings(builder.index, 4).shape[0] == 13

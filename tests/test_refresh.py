@@ -16,6 +16,7 @@ from etils import epath
 
 from realm_jax.data import corpus
 from realm_jax import errors, run_directory
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
 from realm_jax.models.retriever import init_retriever_params
@@ -181,7 +182,8 @@ def _served_staleness(model_dir, corpus_dir, stale_factor):
   after every step; and the steps the builder embedded."""
   trainer = TrainerStandIn(model_dir, corpus_dir)
   trainer.save(0)
-  builder = IndexBuilder(model_dir, corpus_dir, interval=4 * stale_factor)
+  builder = IndexBuilder(model_dir, OpenCorpus(corpus_dir),
+                         interval=4 * stale_factor)
   builder.poll()
   staleness = []
   for step in range(1, 121):
@@ -209,7 +211,7 @@ def test_a_step_the_trainer_published_first_is_left_as_it_is(
   model_dir, corpus_dir = dirs
   trainer = TrainerStandIn(model_dir, corpus_dir)
   trainer.save(0)
-  builder = IndexBuilder(model_dir, corpus_dir)
+  builder = IndexBuilder(model_dir, OpenCorpus(corpus_dir))
   first = BuilderStandIn(model_dir, corpus_dir)
   embed_and_publish = publication.embed_and_publish
 
@@ -305,7 +307,7 @@ def test_the_builder_embeds_the_index_a_trainer_asks_for_first(dirs, tiny_gin):
   trainer = TrainerStandIn(model_dir, corpus_dir)
   for step in range(7):
     trainer.save(step)
-  builder = IndexBuilder(model_dir, corpus_dir, interval=2)
+  builder = IndexBuilder(model_dir, OpenCorpus(corpus_dir), interval=2)
   run_directory.request_index(model_dir, 3)
   assert builder.poll() == 'published'
   assert run_directory.reload(builder.index) == [3]
@@ -322,7 +324,7 @@ def test_the_builder_never_embeds_a_damaged_checkpoint(dirs, tiny_gin,
   model_dir, corpus_dir = dirs
   trainer = TrainerStandIn(model_dir, corpus_dir)
   trainer.save(0), trainer.save(1)
-  builder = IndexBuilder(model_dir, corpus_dir)
+  builder = IndexBuilder(model_dir, OpenCorpus(corpus_dir))
   builder.last = 0
   item = os.path.join(run_directory.checkpoints_dir(model_dir), '1',
                       run_directory.RETRIEVER_ITEM)
@@ -376,7 +378,7 @@ def test_retriever_snapshots_between_checkpoints_are_embedded_alone(
   for leaf in jax.tree.leaves(steps.restore(6)):
     np.testing.assert_array_equal(leaf, 6)
 
-  builder = IndexBuilder(model_dir, corpus_dir, interval=2)
+  builder = IndexBuilder(model_dir, OpenCorpus(corpus_dir), interval=2)
   assert builder.poll() == 'published'
   index = publication.read_metadata(builder.index, 6)
   assert index['params_step'] == 6

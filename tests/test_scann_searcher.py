@@ -64,7 +64,8 @@ def test_recall_at_8_on_real_corpus_embeddings(tmp_path, tokenizer, minilm_dir):
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax import embedded  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
-  from realm_jax.index.embed import DocumentEmbedder, block_arrays  # pylint: disable=g-import-not-at-top
+  from realm_jax.data.open_corpus import OpenCorpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.index.embed import DocumentEmbedder  # pylint: disable=g-import-not-at-top
   from realm_jax.models import pretrained  # pylint: disable=g-import-not-at-top
   from realm_jax.models.retriever import Retriever, init_retriever_params  # pylint: disable=g-import-not-at-top
 
@@ -79,7 +80,7 @@ def test_recall_at_8_on_real_corpus_embeddings(tmp_path, tokenizer, minilm_dir):
   params = init_retriever_params(retriever, jax.random.key(0),
                                  pretrained.load_bert_params(minilm_dir, config))
   docs = DocumentEmbedder(retriever, 64)(params,
-                                         block_arrays(str(tmp_path / 'corpus')))
+                                         OpenCorpus(str(tmp_path / 'corpus')).padded())
   assert len(docs) >= 2_048  # Hashing, not the brute-force fallback.
   titles = [t for t in leads][:200]
   query = tokenizer.numpy_join(titles, max_length=24)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from realm_jax import main, run_directory
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.models import pretrained
 from realm_jax.training import batches, input_pipeline, partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
@@ -278,7 +279,8 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
   publication.embed_and_publish(
       publication.index_manager(run_directory.index_dir(pretrain)), final,
       embed.DocumentEmbedder(model_retriever()), params['retriever'],
-      embed.local_block_arrays(corpus_dir), corpus.load_metadata(corpus_dir))
+      embed.local_block_arrays(OpenCorpus(corpus_dir)),
+      corpus.load_metadata(corpus_dir))
   gin.clear_config()
   train_tiny(finetune, 'finetune', '--gin.train.num_steps=2',
              f'--gin.Finetune.pretrain_model_dir="{pretrain}"',

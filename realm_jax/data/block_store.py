@@ -149,12 +149,15 @@ def _write(directory: epath.Path, arrays: dict[str, np.ndarray]) -> None:
       _remove(old)
 
 
-def open_store(corpus_dir: str, whole: bool = True) -> BlockStore:
+def open_store(corpus_dir: str, whole: bool = True,
+               fingerprint: str | None = None) -> BlockStore:
   """The corpus's block store: memory-mapped when written before, else read
   from the shards (and written, where the corpus lives on a local disk).
   `whole`: the caller reads every block, so every file is checked now;
-  False checks each piece when a read first touches it."""
-  fingerprint = corpus.load_metadata(corpus_dir)['corpus_fingerprint']
+  False checks each piece when a read first touches it. `fingerprint`: the
+  corpus's, when its metadata was read already."""
+  fingerprint = fingerprint or corpus.load_metadata(corpus_dir)[
+      'corpus_fingerprint']
   local = '://' not in corpus_dir
   directory = epath.Path(corpus_dir) / f'{PREFIX}{fingerprint[:16]}'
   damaged = None

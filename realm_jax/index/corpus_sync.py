@@ -20,9 +20,10 @@ import numpy as np
 from etils import epath
 
 from realm_jax import errors, run_directory, run_guard
-from realm_jax.data import corpus, corpus_changes
+from realm_jax.data import corpus_changes
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
-from realm_jax.index.embed import DocumentEmbedder, block_arrays
+from realm_jax.index.embed import DocumentEmbedder
 from realm_jax.index.scann_searcher import build_scann
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ def sync_index(model_dir: str, corpus_dir: str, retriever,
 
 def _sync_index(model_dir: str, corpus_dir: str, retriever,
                 batch_size: int) -> dict | None:
-  corpus_metadata = corpus.load_metadata(corpus_dir)
+  opened = OpenCorpus(corpus_dir)
+  corpus_metadata = opened.metadata
   directory = run_directory.index_dir(model_dir)
   manager, step, metadata = _newest(model_dir)
   changes = corpus_changes.pending_changes(corpus_metadata,
@@ -98,8 +100,8 @@ def _sync_index(model_dir: str, corpus_dir: str, retriever,
     embedder = DocumentEmbedder(retriever, batch_size)
     params = _document_tower(model_dir, metadata)
     for ids in added:
-      rows.append(np.asarray(embedder(params, block_arrays(
-          corpus_dir, ids.start, ids.stop, metadata['block_length']))))
+      rows.append(np.asarray(embedder(params, opened.padded(
+          metadata['block_length'], ids.start, ids.stop))))
   seconds = time.perf_counter() - started
   embeddings = np.concatenate(rows).astype(embeddings.dtype)
   if len(embeddings) != corpus_metadata['num_blocks']:

@@ -14,28 +14,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from realm_jax import errors
-from realm_jax.data import block_store, corpus
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.models import target
 from realm_jax.models.retriever import Retriever
 from realm_jax.progress import Progress
 
 _LENGTH_BUCKET = 32
-
-
-def block_arrays(corpus_dir: str, start: int = 0, stop: int | None = None,
-                 max_length: int | None = None) -> dict[str, np.ndarray]:
-  """token_ids/token_type_ids/input_mask [n, L] of blocks [start, stop),
-  from the corpus's block store."""
-  length = max_length or corpus.load_metadata(corpus_dir)['max_block_length']
-  # Each piece of the store checked as it is read: a builder's share, or the
-  # blocks a corpus sync adds, without a check of every other block.
-  try:
-    return block_store.open_store(corpus_dir, whole=False).padded(
-        length, start, stop)
-  except errors.ChecksumMismatch:
-    # Checked whole now: the damaged store is read again from the shards.
-    return block_store.open_store(corpus_dir).padded(length, start, stop)
 
 
 def _per_process(num_blocks: int) -> int:
@@ -48,12 +32,10 @@ def _local_range(num_blocks: int) -> tuple[int, int]:
   return start, min(num_blocks, start + _per_process(num_blocks))
 
 
-def local_block_arrays(corpus_dir: str, max_length: int | None = None
+def local_block_arrays(corpus: OpenCorpus, max_length: int | None = None
                        ) -> dict[str, np.ndarray]:
   """This process's share of the blocks, read from the corpus."""
-  return block_arrays(corpus_dir,
-                      *_local_range(corpus.load_metadata(corpus_dir)[
-                          'num_blocks']), max_length)
+  return corpus.padded(max_length, *_local_range(corpus.num_blocks))
 
 
 def local_share(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed, errors, run_directory, run_guard
-from realm_jax.data import corpus
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
 from realm_jax.index.embed import DocumentEmbedder, local_block_arrays
 from realm_jax.models.realm import model_retriever
@@ -48,12 +48,13 @@ def due_step(saved: list[int], last: int | None, interval: int,
 class IndexBuilder:
   """One poll at a time of the builder's loop (see `run_refresh`)."""
 
-  def __init__(self, model_dir: str, corpus_dir: str, searcher: str = 'exact',
+  def __init__(self, model_dir: str, corpus: OpenCorpus,
+               searcher: str = 'exact',
                batch_size: int = 64, max_to_keep: int = 3,
                block_length: int | None = None, interval: int = 1):
     self.model_dir, self.searcher, self.interval = model_dir, searcher, interval
-    self.corpus_metadata = corpus.load_metadata(corpus_dir)
-    self.arrays = local_block_arrays(corpus_dir, block_length)
+    self.corpus_metadata = corpus.metadata
+    self.arrays = local_block_arrays(corpus, block_length)
     self.embedder = DocumentEmbedder(model_retriever(), batch_size)
     self.index = publication.index_manager(
         run_directory.index_dir(model_dir), max_to_keep=max_to_keep)
@@ -141,20 +142,20 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
   if searcher not in publication.SEARCHERS:
     raise errors.BadConfig(f'searcher={searcher!r}; expected one of '
                            f'{publication.SEARCHERS}.')
-  corpus.load_metadata(corpus_dir)  # A missing corpus: refused, not awaited.
+  corpus = OpenCorpus(corpus_dir)  # A missing corpus: refused, not awaited.
   distributed.initialize()
   with run_guard.BuilderLock(model_dir):
-    return _refresh_until_done(model_dir, corpus_dir, searcher, poll_seconds,
+    return _refresh_until_done(model_dir, corpus, searcher, poll_seconds,
                                batch_size, max_to_keep, block_length,
                                refresh_interval_steps * stale_factor)
 
 
-def _refresh_until_done(model_dir, corpus_dir, searcher, poll_seconds,
+def _refresh_until_done(model_dir, corpus, searcher, poll_seconds,
                         batch_size, max_to_keep, block_length,
                         interval) -> int:
   while not epath.Path(run_directory.checkpoints_dir(model_dir)).is_dir():
     time.sleep(poll_seconds)
-  builder = IndexBuilder(model_dir, corpus_dir, searcher, batch_size,
+  builder = IndexBuilder(model_dir, corpus, searcher, batch_size,
                          max_to_keep, block_length, interval)
   log.info('index builder: %s blocks, polling %s (last index step %s), '
            'embedding a step every %d steps',

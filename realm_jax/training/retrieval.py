@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed, errors, run_directory
-from realm_jax.data import block_store, corpus
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
 from realm_jax.index.embed import DocumentEmbedder, local_share
@@ -49,14 +49,15 @@ class CandidateRetrieval:
                block_length: int | None = None):
     self.model_dir, self.corpus_dir = model_dir, corpus_dir
     self.retriever, self.mesh = retriever, mesh
-    self.corpus_metadata = corpus.load_metadata(corpus_dir)
+    opened = OpenCorpus(corpus_dir)
+    self.corpus_metadata = opened.metadata
     self.num_candidates = num_candidates
     self.null_document_first = null_document_first
     # Blocks fetched from the index per query: 0 when the null document is
     # the only candidate (the reader without retrieval needs no index).
     self.fetch = num_candidates - int(null_document_first)
     self.exclude_source = exclude_source
-    self.blocks = block_store.open_store(corpus_dir).padded(
+    self.blocks = opened.store().padded(
         block_length or self.corpus_metadata['max_block_length'])
     self.null = {k: np.asarray(v) for k, v in null_document(
         self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
