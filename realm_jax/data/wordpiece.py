@@ -14,6 +14,10 @@ same wordpieces in a tf.data pipeline and outside one. What BERT does:
   those after the first prefixed '##'; a word longer than 100 UTF-8 bytes,
   or with a stretch no wordpiece covers, is one [UNK].
 
+Written here because Hugging Face's BertWordPieceTokenizer lower-cases
+rather than folding case, and gives other ids for 48 of the demo's 10,054
+blocks (final sigma, ellipsis, ß; docs/data.md).
+
 Characters unknown to Python's `unicodedata` (assigned after its Unicode
 version, 14.0 in Python 3.11) are taken as unassigned: kept as they are,
 inside words. tf-text's ICU (Unicode 16) and RE2 (15) know some of them as
