@@ -183,11 +183,11 @@ class Pieces:
     self._crcs = manifest['pieces']
     self._checked = {name: np.zeros(len(crcs), bool)
                      for name, crcs in self._crcs.items()}
-    self._descriptors = {}
+    self._files = {}
     for name, crcs in self._crcs.items():
       file = directory / name
       try:
-        size = os.path.getsize(file)
+        size = file.stat().length
       except FileNotFoundError as error:
         raise errors.ChecksumMismatch(
             file, f'missing, though {MANIFEST} lists it') from error
@@ -210,12 +210,11 @@ class Pieces:
     if not len(todo):
       return
     file = self.directory / name
-    descriptor = self._descriptors.get(name)
-    if descriptor is None:  # Kept open: a read of a block is a few pieces.
-      descriptor = self._descriptors[name] = os.open(file, os.O_RDONLY)
+    if name not in self._files:  # Kept open: a block's read is a few pieces.
+      self._files[name] = file.open('rb')
     for piece in todo.tolist():
-      found = extend(0, os.pread(descriptor, self._bytes,
-                                 piece * self._bytes))
+      self._files[name].seek(piece * self._bytes)
+      found = extend(0, self._files[name].read(self._bytes))
       if found != self._crcs[name][piece]:
         raise _changed(file, found, int(self._crcs[name][piece]),
                        f' in bytes {piece * self._bytes:,} to '
@@ -223,9 +222,9 @@ class Pieces:
       checked[piece] = True
 
   def close(self) -> None:
-    for descriptor in self._descriptors.values():
-      os.close(descriptor)
-    self._descriptors.clear()
+    for opened in self._files.values():
+      opened.close()
+    self._files.clear()
 
   def __del__(self):
     self.close()
