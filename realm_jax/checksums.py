@@ -9,9 +9,10 @@ written before the directory becomes visible: for Orbax items by their
 handler's `finalize` (`checksummed`), which runs before Orbax commits the
 step; for the .npy stores into the staged directory before it is renamed.
 Readers call `verify` on what they are about to read. A block store also
-gets the CRC-32C of each PIECE bytes of its files: `ask` and `search`
-memory-map it and read a few blocks, so `Pieces` checks the pieces a read
-touches, the first time it touches them, rather than every byte at open
+gets the CRC-32C of each PIECE bytes of its files: a reader of some of
+its blocks (those `ask` shows, an index builder's share, those a corpus
+sync adds) memory-maps it, and `Pieces` checks the pieces a read touches,
+the first time it touches them, rather than every byte at open
 (gigabytes, for the paper's 13M blocks).
 
 A directory without `checksums.json` was written before realm-jax kept them
