@@ -9,10 +9,12 @@ store is named by the corpus fingerprint, so a changed corpus (`corpus add`
 or `remove`) is never read from a stale one; it is written into a
 temporary directory and renamed, so a killed writer leaves none half
 written. Its files' CRC-32C (`checksums`), whole and of each piece, are
-written with it. A reader of the whole store (the trainer, the index
-builder) checks every file when it opens it, and a store that fails is read
-again from the shards. `ask` and `search` read a few blocks of a store that
-can be gigabytes: each read checks the pieces it touches instead.
+written with it. A reader of every block (the trainer's retrieval, which
+`search` and `ask` use too) checks every file when it opens it, and a
+store that fails is read again from the shards. A reader of some blocks of
+a store that can be gigabytes (the texts `ask` shows, an index builder's
+share, the blocks a corpus sync adds) checks the pieces each read touches
+instead.
 A corpus on a remote or read-only file system is read from its shards each
 time.
 
