@@ -77,6 +77,7 @@ def test_sharded_step_equals_single_device_step(tmp_path):
                                  for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.slow
 def test_a_frozen_retriever_keeps_its_start_and_costs_no_backward_pass(
     tmp_path):
   """Pretrain.train_retriever=False: a step moves the reader, never the
