@@ -51,10 +51,9 @@ setuptools.setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     python_requires='>=3.11',
-    packages=setuptools.find_packages(include=['realm_jax', 'realm_jax.*',
-                                               'benchmarks',
-                                               'tasks', 'tasks.*',
-                                               'launch', 'launch.*']),
+    # launch/ and benchmarks/ run from a checkout (python -m launch.pod):
+    # they are not installed as top-level packages of their own.
+    packages=setuptools.find_packages(include=['realm_jax', 'realm_jax.*']),
     install_requires=INSTALL_REQUIRES,
     extras_require={'tf': TF,
                     'test': ['pytest>=8', 'pytest-xdist>=3.5',

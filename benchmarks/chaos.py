@@ -594,7 +594,7 @@ def main(argv=None) -> dict:
   work_dir = args.work_dir or tempfile.mkdtemp(prefix='realm-chaos-')
   output = args.output or os.path.join(work_dir, 'chaos.json')
   # pylint: disable-next=g-import-not-at-top
-  from realm_jax import demo
+  from realm_jax.experiments import demo
   # Measured first: the machine as the faults found it, in every write.
   setting = {'machine': demo.machine(), 'date': str(datetime.date.today()),
              'steps_per_episode': args.steps, 'lockstep_interval': INTERVAL,

@@ -184,7 +184,7 @@ def main(argv=None) -> dict:
   parser.add_argument('--output', default=None)
   args = parser.parse_args(argv)
   # pylint: disable-next=g-import-not-at-top
-  from realm_jax import demo
+  from realm_jax.experiments import demo
   with tempfile.TemporaryDirectory(prefix='realm-checksums-') as work_dir:
     rows = measure(args.model_dir, args.corpus_dir, work_dir,
                    args.arrays_dir, args.repeats)

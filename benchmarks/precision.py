@@ -30,7 +30,7 @@ from realm_jax.models import flops
 
 POLICIES = {'float32': ["BertConfig.dtype = 'float32'"],
             'bfloat16': ["BertConfig.dtype = 'bfloat16'"]}
-BATCH_SIZE = 8  # realm_jax/demo.py's pre-training batch.
+BATCH_SIZE = 8  # realm_jax/experiments/demo.py's pre-training batch.
 
 
 def build(policy, params=None):
@@ -91,7 +91,7 @@ def main(argv=None) -> str:
   parser.add_argument('--output', default=os.path.join(RESULTS_DIR,
                                                        'precision.json'))
   args = parser.parse_args(argv)
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   machine = {**demo.machine(), 'device_kind': jax.devices()[0].device_kind,
              'jax': jax.__version__,
              'matmul_2048_bf16_f32acc_gflops': flops.measured_matmul(

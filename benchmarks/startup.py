@@ -126,7 +126,7 @@ def main(argv=None) -> None:
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--output', default=None, help='Also write JSON here.')
   args = parser.parse_args(argv)
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   machine = demo.machine()  # Before the children, alone.
   results = measure({'ask': args.finetune, 'search': args.finetune,
                      'fill': args.pretrain}, args.repeats)

@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
   parser.add_argument('--output', default=None)
   args = parser.parse_args(argv)
   # pylint: disable-next=g-import-not-at-top
-  from realm_jax import demo
+  from realm_jax.experiments import demo
   rows = measure(args.corpus_dir, args.qa_file)
   result = {'machine': demo.machine(), 'tokenizers': tokenizers.__version__,
             'rows': rows}

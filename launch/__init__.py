@@ -1,7 +1,6 @@
-"""Launchers for the trainer and the index builder (docs/architecture.md,
-"Two processes, one run directory"): `launch.pod` on two Cloud TPU slices,
-`launch.local` as two processes on one machine.
-
-Standard library only, and no import of realm_jax: they start the
-`realm-jax` command line as processes, as a user would.
+"""Launchers above the library (docs/architecture.md, "Two processes, one
+run directory"): `launch.pod` starts the trainer and the index builder on two
+Cloud TPU slices (standard library only: it starts the `realm-jax` command
+line as a user would; `realm_jax.launch_local` does the same on one
+machine), and `launch.bundle` packs what a GPU machine needs.
 """

@@ -6,7 +6,7 @@ run the core on the demo's data, in one directory of at most 64 MiB.
 
 The parts: wheels/ (what the GPU image lacks: gin-config and google-crc32c),
 corpora/ (each corpus's metadata.json and block store, not its TFRecord shards), arrays/
-(the runs' examples, pre-tokenized by `input_pipeline.export`, as `realm-jax
+(the runs' examples, pre-tokenized by the seqio source's `export`, as `realm-jax
 data export` writes them: for pre-training, the corpus's sentences and
 salient spans, which its queries are drawn from), minilm/ (MiniLM's
 weights, config and the task vocabulary) and manifest.json (each part, its
@@ -81,7 +81,7 @@ def preset_runs(name: str) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
   training questions stay behind unless the preset fine-tunes, and NQ's run
   is left out where $REALM_DATA_DIR lacks nq_open (the demo then skips
   recall)."""
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   if name not in demo.PRESETS:
     raise errors.BadConfig(f'--preset={name!r}; expected one of '
                            f'{sorted(demo.PRESETS)}.')
@@ -135,7 +135,8 @@ def _export(target: pathlib.Path, runs, bindings, leave_out=()
   them (with the directories under arrays/ each reads), and the corpora
   they read."""
   import gin  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import input_pipeline, run_loader  # pylint: disable=g-import-not-at-top
+  from realm_jax.input import arrays  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
   listed, corpora, shapes = [], set(), {}
   try:
     for run in runs:
@@ -150,7 +151,7 @@ def _export(target: pathlib.Path, runs, bindings, leave_out=()
         where = f'{split.task}/{split.split}'
         if where in leave_out:
           continue
-        stored = os.fspath(input_pipeline.arrays_directory(
+        stored = os.fspath(arrays.directory(
             split.task, split.split, os.fspath(target)).relative_to(target))
         # Queries drawn from spans (stored elsewhere) take each run's shapes.
         if stored == where and shapes.get(where, split.shapes) != split.shapes:
@@ -158,7 +159,7 @@ def _export(target: pathlib.Path, runs, bindings, leave_out=()
               f'Two runs export {where} at other shapes: {shapes[where]} and '
               f'{split.shapes} ({files[0]}).')
         if where not in shapes:
-          written = input_pipeline.export(
+          written = configured.exporter().export(
               split.task, split.split, split.shapes, configured.seed,
               os.fspath(target), split.corpus_name, split.strings,
               split.metadata)

@@ -419,10 +419,9 @@ def _parse_gin(args) -> None:
 
 
 def _train(args) -> None:
-  from realm_jax.training import run_loader, trainer  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
   _parse_gin(args)
-  run_loader.configured_run()  # Refuses a config that binds no run.
-  trainer.train(args.model_dir)
+  run_loader.train(args.model_dir)
 
 
 @contextlib.contextmanager
@@ -459,7 +458,7 @@ def use_compilation_cache() -> str | None:
   """JAX's persistent compilation cache, one directory on disk for every
   process: what one compiled, the next reads instead of compiling it again.
   A command answering one input starts without compiling; a run's trainer
-  and index builder (launch.local's two processes, which inherit the
+  and index builder (realm_jax.launch_local's two processes, which inherit the
   environment), a run resumed, and the demos' trainings in a row (the
   no-retrieval baseline and the ablations compile REALM's step again) read
   what the first compiled. Returns the directory, None when 'off'."""
@@ -592,13 +591,13 @@ def _search(args) -> None:
 
 
 def _demo(args) -> None:
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   work_dir = args.work_dir or os.path.join('runs', args.preset)
   docs_dir = os.fspath(demo.DOCS_RESULTS) if args.record else None
   if args.repeats < 1:
     raise errors.BadConfig(f'--repeats={args.repeats}: at least 1.')
   if args.preset.startswith('world'):
-    from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
+    from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
     if args.repeats > 1:
       world_demo.run_repeats(work_dir, args.preset, docs_dir, args.repeats,
                              args.lockstep)
@@ -759,20 +758,21 @@ def _data(args) -> None:
         blocks_per_shard=args.blocks_per_shard)
   elif args.step == 'export':
     from realm_jax.data import block_store  # pylint: disable=g-import-not-at-top
-    from realm_jax.training import input_pipeline, run_loader  # pylint: disable=g-import-not-at-top
+    from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
     _parse_gin(args)
     configured = run_loader.configured_run()
+    exporter = configured.exporter()
     store = block_store.open_store(corpus.corpus_dir(
         configured.run.corpus_name))
     print(f'{configured.run.corpus_name}: {store.num_blocks:,} blocks in its '
           'block store')
     for split in configured.run.example_splits():
-      written = input_pipeline.export(
+      written = exporter.export(
           split.task, split.split, split.shapes, configured.seed,
           args.output_dir, split.corpus_name, split.strings, split.metadata)
       print(f'{split.task} {split.split}: {written["count"]:,} examples')
   elif args.step == 'world':
-    from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
+    from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
     from realm_jax.data import world  # pylint: disable=g-import-not-at-top
     given = {f.name: getattr(args, f.name)
              for f in dataclasses.fields(world.WorldSpec)

@@ -62,7 +62,7 @@ def provenance(runs: int, m: dict, minutes: float) -> str:
 
 def world_table(results_dir: str = RESULTS) -> str:
   """The world preset's headline figures over its runs."""
-  from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
   record = load('world', results_dir)
   summary, first = record['repeats'], record['runs'][0]
   figures, compared = summary['figures'], summary['comparisons']
@@ -86,7 +86,8 @@ def world_table(results_dir: str = RESULTS) -> str:
 def world_comparisons(results_dir: str = RESULTS) -> str:
   """Every comparison of the world preset, each run's interval beside
   the mean and range."""
-  from realm_jax import repeats, world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax import repeats  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
   summary = load('world', results_dir)['repeats']
   return '\n'.join(repeats.comparison_rows(summary, world_demo.COMPARISONS))
 
@@ -119,7 +120,8 @@ def _runs_and_minutes(r: dict) -> tuple[int, float]:
 def demo_table(results_dir: str = RESULTS, preset: str = 'demo') -> str:
   """The demo's two core checks, each with its paired interval (over
   runs: their mean, range and every run's interval)."""
-  from realm_jax import demo, repeats  # pylint: disable=g-import-not-at-top
+  from realm_jax import repeats
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   r = load(preset, results_dir)
   c = r['comparisons']
   runs, minutes = _runs_and_minutes(r)
@@ -154,7 +156,8 @@ def _comparison(preset: str, path: str, digits: int = 2,
 
 def comparisons(preset: str, results_dir: str = RESULTS) -> str:
   """A demo preset's comparisons table, as its own report gives it."""
-  from realm_jax import demo, repeats  # pylint: disable=g-import-not-at-top
+  from realm_jax import repeats
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   r = load(preset, results_dir)
   if 'repeats' in r:
     return '\n'.join(repeats.comparison_rows(r['repeats'], demo.COMPARISONS))
@@ -163,7 +166,7 @@ def comparisons(preset: str, results_dir: str = RESULTS) -> str:
 
 def fine_tuning(results_dir: str = RESULTS) -> str:
   """The end-to-end preset's fine-tuning comparisons and their cost."""
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   r = load('end_to_end', results_dir)
   lines = demo.end_to_end_markdown(r, r['sizes'])
   return '\n'.join(lines[lines.index('') + 3:])  # From its text on.

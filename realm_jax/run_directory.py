@@ -59,6 +59,15 @@ from realm_jax import checksums
 from realm_jax.errors import ChecksumMismatch, DamagedStepError, NotFound
 
 CONFIG = 'config.gin'
+# The layout a run's checkpoints were written in (`run_guard` checks it).
+FORMAT_FILE = 'run_format.json'
+# What a run directory written before run_format.json existed holds.
+FIRST_FORMAT = {'format': 1, 'checkpoint_items': [
+    'data_position', 'reader_params', 'retriever_params', 'train_state']}
+# The last format whose checkpoints hold each BERT's layers unrolled: their
+# parameters are stacked when read (`restore_params`); a trainer refuses to
+# resume them (the optimizer state too is laid out per layer).
+UNROLLED_LAYERS_FORMAT = 1
 CHECKPOINTS = 'checkpoints'
 SNAPSHOTS = 'retriever_snapshots'
 INDEX = 'index'
@@ -412,13 +421,31 @@ def in_layout_of(tree, like):
   return {k: in_layout_of(v, like.get(k)) for k, v in tree.items()}
 
 
+def has_checkpoints(model_dir: str) -> bool:
+  directory = epath.Path(checkpoints_dir(model_dir))
+  return directory.is_dir() and any(
+      p.name.isdigit() for p in directory.iterdir())
+
+
+def recorded_format(model_dir: str) -> int | None:
+  """The format version a run directory's checkpoints were written in: its
+  format file's, `FIRST_FORMAT`'s when it has checkpoints but no file, None
+  when it has neither (or the file is unreadable)."""
+  path = epath.Path(model_dir) / FORMAT_FILE
+  try:
+    return int(json.loads(path.read_text())['format'])
+  except FileNotFoundError:
+    return FIRST_FORMAT['format'] if has_checkpoints(model_dir) else None
+  except (ValueError, KeyError, TypeError):
+    return None
+
+
 def _in_current_layout(model_dir: str, params):
   """Parameters restored from `model_dir` as this code lays them out: a run
   written before the layers were scanned (format 1) has each BERT's layers
   unrolled, `layer_0` ...; they are stacked under 'layers'."""
-  from realm_jax import run_guard  # pylint: disable=g-import-not-at-top
-  if (params is None or run_guard.recorded_format(model_dir)
-      != run_guard.UNROLLED_LAYERS_FORMAT):
+  if (params is None
+      or recorded_format(model_dir) != UNROLLED_LAYERS_FORMAT):
     return params
   return _stacked_layers(params)
 

@@ -23,27 +23,19 @@ from etils import epath
 import realm_jax
 from realm_jax import distributed, errors, run_directory
 from realm_jax.errors import BuilderRunning, FormatMismatch, TrainerRunning
-from realm_jax.run_directory import DATA_POSITION, TRAIN_STATE, params_item
+from realm_jax.run_directory import (DATA_POSITION, FIRST_FORMAT, FORMAT_FILE,
+                                    TRAIN_STATE, params_item)
 
 log = logging.getLogger(__name__)
 
 LOCK = 'trainer.lock'
 BUILDER_LOCK = 'builder.lock'
-FORMAT_FILE = 'run_format.json'
 # The run directory's layout. Bump it with any change that makes the code
 # read an existing run directory differently. 2: each BERT's layers stacked
 # under 'layers' (nn.scan), where 1 had `layer_0`, `layer_1`, ...
 RUN_FORMAT = 2
-# The last format whose checkpoints hold each BERT's layers unrolled: their
-# parameters are stacked when read (`run_directory.restore_params`); a
-# trainer refuses to resume them (the optimizer state too is laid out
-# per layer).
-UNROLLED_LAYERS_FORMAT = 1
 CHECKPOINT_ITEMS = sorted([params_item('retriever'), params_item('reader'),
                            TRAIN_STATE, DATA_POSITION])
-# What a run directory written before run_format.json existed holds.
-FIRST_FORMAT = {'format': 1, 'checkpoint_items': [
-    'data_position', 'reader_params', 'retriever_params', 'train_state']}
 
 
 class RunLock:
@@ -142,7 +134,7 @@ def check_format(model_dir: str) -> None:
   file is written. So is a directory without checkpoints (a new run).
   """
   path = epath.Path(model_dir) / FORMAT_FILE
-  if _has_checkpoints(model_dir):
+  if run_directory.has_checkpoints(model_dir):
     if path.exists():
       _compare(_read(path), str(path))
       return
@@ -154,25 +146,6 @@ def check_format(model_dir: str) -> None:
     written = path.parent / (FORMAT_FILE + '.tmp')
     written.write_text(json.dumps(current_format(), indent=2) + '\n')
     written.replace(path)  # Whole for other processes reading it meanwhile.
-
-
-def _has_checkpoints(model_dir: str) -> bool:
-  directory = epath.Path(run_directory.checkpoints_dir(model_dir))
-  return directory.is_dir() and any(
-      p.name.isdigit() for p in directory.iterdir())
-
-
-def recorded_format(model_dir: str) -> int | None:
-  """The format version a run directory's checkpoints were written in: its
-  format file's, `FIRST_FORMAT`'s when it has checkpoints but no file, None
-  when it has neither (or the file is unreadable)."""
-  path = epath.Path(model_dir) / FORMAT_FILE
-  try:
-    return int(json.loads(path.read_text())['format'])
-  except FileNotFoundError:
-    return FIRST_FORMAT['format'] if _has_checkpoints(model_dir) else None
-  except (ValueError, KeyError, TypeError):
-    return None
 
 
 def _read(path: epath.Path) -> dict:

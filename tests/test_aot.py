@@ -16,7 +16,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from realm_jax import aot, errors, extras, main
-from realm_jax.training import input_pipeline, partitioning, run_kinds
+from realm_jax.input.seqio_source import SeqioSource
+from realm_jax.training import partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
 from tests.helpers import REPO, TINY, bind_tiny
 
@@ -37,7 +38,7 @@ def _prepared(tmp_path, batch_size: int):
   state = trainer.initial_state()
   preparer = run.batch_preparer(str(tmp_path), trainer.mesh)
   preparer.start(state.params, 0)
-  examples = next(input_pipeline.batches(run.task, 'train', run.shapes,
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes,
                                          batch_size))
   inputs, _ = preparer.prepare(examples, state.params, 0)
   return trainer, state, inputs
@@ -60,7 +61,7 @@ def test_lowered_step_is_the_step_and_its_inputs_are_what_prepare_gives(
 
 def test_ict_abstract_inputs_are_what_prepare_gives(tmp_path):
   run = run_kinds.Ict(query_length=16, block_length=64, bert_dir='')
-  examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
   inputs, _ = run.batch_preparer(str(tmp_path), None).prepare(
       examples, None, 0)
   assert _shapes(run.objective.abstract_inputs(8, 288)) == _shapes(inputs)

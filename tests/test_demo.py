@@ -9,7 +9,8 @@ import gin
 import pytest
 
 from launch import bundle
-from realm_jax import demo, errors, run_directory
+from realm_jax import errors, run_directory
+from realm_jax.experiments import demo
 from realm_jax.models import flops
 from realm_jax.models.bert import BertConfig
 from realm_jax.training import run_loader

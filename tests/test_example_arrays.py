@@ -3,13 +3,13 @@ resumed exactly, refused when made from another corpus or vocabulary."""
 
 import json
 
-import gin
 import numpy as np
 import pytest
 
 from realm_jax import checksums, errors
 from realm_jax.data import example_arrays, task_names
-from realm_jax.training import input_pipeline
+from realm_jax.input.arrays import ArraysSource
+from realm_jax.input.seqio_source import SeqioSource
 from tests.helpers import flip_a_bit
 
 ICT_SHAPES = {'query_token_ids': (32,), 'block_token_ids': (64,),
@@ -110,15 +110,8 @@ def test_missing_arrays_say_how_to_make_them(tmp_path):
     example_arrays.ExampleArrays(tmp_path / 'nothing')
 
 
-def _source(root, source='arrays'):
-  gin.clear_config()
-  gin.bind_parameter('Examples.source', source)
-  gin.bind_parameter('Examples.arrays_dir', str(root))
-
-
 def _seqio(task, split, shapes, **kwargs):
-  gin.clear_config()
-  return list(input_pipeline.batches(task, split, shapes, **kwargs))
+  return list(SeqioSource().batches(task, split, shapes, **kwargs))
 
 
 @pytest.mark.integration
@@ -128,34 +121,32 @@ def _seqio(task, split, shapes, **kwargs):
     (task_names.held_out('wiki_leads'), 'validation', MLM_SHAPES)])
 def test_arrays_hold_the_seqio_tasks_examples_token_for_token(
     small_corpus_env, tmp_path, task, split, shapes):
-  input_pipeline.export(task, split, shapes, seed=7, root=str(tmp_path),
-                        corpus_name='wiki_leads')
+  SeqioSource().export(task, split, shapes, seed=7, root=str(tmp_path),
+                       corpus_name='wiki_leads')
   expected = _seqio(task, split, shapes, batch_size=4, seed=7, shuffle=False,
                     num_epochs=1, drop_remainder=False)
-  _source(tmp_path)
-  read = list(input_pipeline.batches(task, split, shapes, 4, seed=7,
-                                     shuffle=False, num_epochs=1,
-                                     drop_remainder=False))
+  source = ArraysSource(str(tmp_path))
+  read = list(source.batches(task, split, shapes, 4, seed=7, shuffle=False,
+                             num_epochs=1, drop_remainder=False))
   assert len(read) == len(expected) > 1
   for ours, theirs in zip(read, expected):
     assert set(ours) == set(shapes)
     for name in shapes:
       np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
-  assert input_pipeline.example_count(task, split, shapes) == sum(
+  assert source.example_count(task, split, shapes) == sum(
       len(b['query_token_ids']) for b in expected)
 
 
 @pytest.mark.integration
 def test_arrays_of_a_changed_corpus_are_refused(small_corpus_env, tmp_path):
   task = task_names.ict('wiki_leads')
-  input_pipeline.export(task, 'train', ICT_SHAPES, root=str(tmp_path),
-                        corpus_name='wiki_leads')
+  SeqioSource().export(task, 'train', ICT_SHAPES, root=str(tmp_path),
+                       corpus_name='wiki_leads')
   metadata = tmp_path / task / 'train' / example_arrays.METADATA
   written = json.loads(metadata.read_text())
   metadata.write_text(json.dumps({**written, 'corpus_fingerprint': 'f00'}))
   checksums.write(metadata.parent)  # As if exported from that corpus.
-  _source(tmp_path)
   with pytest.raises(errors.IndexMismatchError,
                      match=f'corpus_fingerprint f00, but this run reads '
                      f'{written["corpus_fingerprint"]}'):
-    input_pipeline.batches(task, 'train', ICT_SHAPES, 4)
+    ArraysSource(str(tmp_path)).batches(task, 'train', ICT_SHAPES, 4)

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from launch import config as config_lib
-from launch import local, pod
+from launch import pod
+from realm_jax import launch_local
 
 pytestmark = pytest.mark.integration
 
@@ -320,25 +321,25 @@ def test_the_first_failure_stops_the_rest(gcloud, monkeypatch, capsys):
 
 
 def test_local_jobs_share_the_model_dir():
-  trainer, builder = local.jobs('/m', ['--gin_file=a.gin'],
+  trainer, builder = launch_local.jobs('/m', ['--gin_file=a.gin'],
                                 ['--gin_file=b.gin', '--poll_seconds=1'])
-  assert trainer == local.Job(
+  assert trainer == launch_local.Job(
       'trainer', (sys.executable, '-m', 'realm_jax.main', 'train',
                   '--model_dir=/m', '--gin_file=a.gin'), None)
-  assert builder == local.Job(
+  assert builder == launch_local.Job(
       'index builder', (sys.executable, '-m', 'realm_jax.main', 'refresh',
                         '--model_dir=/m', '--gin_file=b.gin',
                         '--poll_seconds=1'), '/m/refresh.log')
-  trainer, _ = local.jobs('/m', [], [], train_log=True)
+  trainer, _ = launch_local.jobs('/m', [], [], train_log=True)
   assert trainer.log == '/m/train.log'
   # A remote model_dir: the logs stay on this machine.
-  trainer, builder = local.jobs('gs://b/m', [], [], train_log=True)
+  trainer, builder = launch_local.jobs('gs://b/m', [], [], train_log=True)
   assert (trainer.log, builder.log) == ('runs/logs/train.log',
                                         'runs/logs/refresh.log')
 
 
 def test_local_command_line():
-  args = local.parse_args([
+  args = launch_local.parse_args([
       '--model_dir=runs/p', '--gin_file=gin/runs/pretrain.gin',
       '--gin_file=gin/setups/cpu_demo.gin', '--gin.train.num_steps=5',
       '--poll_seconds=1'])
@@ -346,16 +347,16 @@ def test_local_command_line():
          '--gin_file=gin/setups/cpu_demo.gin', '--gin.train.num_steps=5']
   assert args.model_dir == 'runs/p' and args.train_args == gin
   assert args.refresh_args == [*gin, '--searcher=exact', '--poll_seconds=1']
-  args = local.parse_args(['--model_dir=m', '--gin_file=a.gin',
+  args = launch_local.parse_args(['--model_dir=m', '--gin_file=a.gin',
                            '--refresh_gin_file=b.gin', '--searcher=scann'])
   assert args.refresh_args == ['--gin_file=b.gin', '--searcher=scann',
                                '--poll_seconds=2']
   with pytest.raises(SystemExit):
-    local.parse_args(['--model_dir=m', '--gin_file=a.gin', '--steps=3'])
+    launch_local.parse_args(['--model_dir=m', '--gin_file=a.gin', '--steps=3'])
 
 
 def _python(tmp_path, name: str, code: str, log: bool = True,
-            after: str | None = None) -> local.Job:
+            after: str | None = None) -> launch_local.Job:
   """A Python process standing in for a job. It first writes its pid to
   tmp_path/<name>.pid, and waits for job `after` to have written its own."""
   pid_file = tmp_path / f'{name}.pid'
@@ -368,7 +369,7 @@ os.replace({str(pid_file) + '.tmp'!r}, {str(pid_file)!r})
     prelude += f"""while not os.path.exists({str(tmp_path / f'{after}.pid')!r}):
   time.sleep(0.02)
 """
-  return local.Job(name, (sys.executable, '-c', prelude + code),
+  return launch_local.Job(name, (sys.executable, '-c', prelude + code),
                    str(tmp_path / f'{name}.log') if log else None)
 
 
@@ -389,7 +390,7 @@ def test_the_builder_finishes_after_the_trainer(tmp_path):
   trainer = _python(tmp_path, 'trainer',
                     f'print("step 1"); open({str(done)!r}, "w").close()')
   builder = _builder_until(tmp_path, done)
-  local.run_beside(trainer, builder, beside_timeout=30)
+  launch_local.run_beside(trainer, builder, beside_timeout=30)
   assert (tmp_path / 'trainer.log').read_text().endswith('step 1\n')
   log = (tmp_path / 'builder.log').read_text()
   assert log.startswith(f'$ {shlex.join(builder.argv)}\n')
@@ -400,8 +401,8 @@ def test_a_failed_trainer_stops_the_builder(tmp_path):
   trainer = _python(tmp_path, 'trainer', 'print("boom"); sys.exit(3)',
                     after='builder')
   builder = _python(tmp_path, 'builder', 'time.sleep(60)')
-  with pytest.raises(local.JobFailed) as error:
-    local.run_beside(trainer, builder, beside_timeout=30)
+  with pytest.raises(launch_local.JobFailed) as error:
+    launch_local.run_beside(trainer, builder, beside_timeout=30)
   assert str(error.value).startswith(
       f'trainer failed (exit code 3); see {tmp_path / "trainer.log"}, which '
       'ends:\n')
@@ -414,9 +415,9 @@ def test_a_builder_that_keeps_failing_stops_the_trainer(tmp_path, capsys):
   builder = _python(tmp_path, 'builder', 'print("no corpus"); sys.exit(2)',
                     after='trainer')
   started = time.monotonic()
-  with pytest.raises(local.JobFailed, match=r'(?s)builder failed \(exit code '
+  with pytest.raises(launch_local.JobFailed, match=r'(?s)builder failed \(exit code '
                      r'2\).*no corpus\n$'):
-    local.run_beside(trainer, builder, beside_timeout=30, beside_restarts=2)
+    launch_local.run_beside(trainer, builder, beside_timeout=30, beside_restarts=2)
   assert time.monotonic() - started < 30
   assert not _alive(_pid(tmp_path, 'trainer'))
   restarts = capsys.readouterr().err
@@ -440,7 +441,7 @@ while int(open({str(builder_pid)!r}).read()) == first:
 print("trained on", flush=True)
 open({str(done)!r}, "w").close()''', after='builder')
   builder = _builder_until(tmp_path, done)
-  local.run_beside(trainer, builder, beside_timeout=30)
+  launch_local.run_beside(trainer, builder, beside_timeout=30)
   assert (tmp_path / 'trainer.log').read_text().endswith('trained on\n')
   log = (tmp_path / 'builder.log').read_text()
   starts = [line for line in log.splitlines() if line.startswith('$ ')]
@@ -453,10 +454,10 @@ open({str(done)!r}, "w").close()''', after='builder')
 def test_a_builder_that_does_not_exit_is_killed(tmp_path):
   trainer = _python(tmp_path, 'trainer', 'pass', after='builder')
   builder = _python(tmp_path, 'builder', 'time.sleep(60)')
-  with pytest.raises(local.JobFailed,
+  with pytest.raises(launch_local.JobFailed,
                      match='builder did not exit within 1s of trainer '
                      'finishing'):
-    local.run_beside(trainer, builder, beside_timeout=1)
+    launch_local.run_beside(trainer, builder, beside_timeout=1)
   assert not _alive(_pid(tmp_path, 'builder'))
 
 
@@ -465,7 +466,7 @@ def test_ctrl_c_stops_both(tmp_path):
   trainer = _python(tmp_path, 'trainer', 'os.kill(os.getppid(), '
                     'signal.SIGINT); time.sleep(60)', after='builder')
   with pytest.raises(KeyboardInterrupt):
-    local.run_beside(trainer, builder, beside_timeout=30)
+    launch_local.run_beside(trainer, builder, beside_timeout=30)
   assert not _alive(_pid(tmp_path, 'trainer'))
   assert not _alive(_pid(tmp_path, 'builder'))
 
@@ -477,7 +478,7 @@ def test_kill_stops_both(tmp_path):
                     'signal.SIGTERM); time.sleep(60)', after='builder')
   before = signal.getsignal(signal.SIGTERM)
   with pytest.raises(SystemExit) as stopped:
-    local.run_beside(trainer, builder, beside_timeout=30)
+    launch_local.run_beside(trainer, builder, beside_timeout=30)
   assert stopped.value.code == 128 + signal.SIGTERM
   assert signal.getsignal(signal.SIGTERM) is before
   assert not _alive(_pid(tmp_path, 'trainer'))

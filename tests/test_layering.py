@@ -1,6 +1,7 @@
-"""Imports flow one way (docs/architecture.md): shared utilities -> data ->
-models -> index and training -> evaluation -> the command line. Every import
-counts, including those inside functions."""
+"""Imports flow one way across the whole tree (docs/architecture.md): shared
+utilities -> data -> models and the input layer -> index and training ->
+evaluation -> the experiments and the command line -> launch/ ->
+benchmarks/. Every import counts, including those inside functions."""
 
 import ast
 import pathlib
@@ -9,46 +10,57 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'realm_jax'
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = REPO / 'realm_jax'
+# The tree's packages: the library, and what runs from a checkout above it.
+TREE = ('realm_jax', 'launch', 'benchmarks')
 # Top-level modules every layer may use; they import none of the layers.
 SHARED = {'checksums', 'distributed', 'errors', 'extras', 'progress', 'embedded',
           'quiet', 'run_directory', 'run_guard', 'stage_plan'}
-LAYERS = {'data': 1, 'models': 2, 'index': 3, 'training': 3,
-          'evaluation': 4, 'released': 4, 'aot': 5, 'demo': 5,
-          'world_demo': 5, 'repeats': 5, 'record': 5, 'main': 5}
+LAYERS = {'data': 1, 'models': 2, 'input': 2, 'index': 3, 'training': 3,
+          'evaluation': 4, 'released': 4, 'launch_local': 4, 'aot': 5,
+          'experiments': 5, 'repeats': 5, 'record': 5, 'main': 6,
+          'launch': 7, 'benchmarks': 8}
 
 
 def _module(path: pathlib.Path) -> str:
-  parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
+  parts = path.relative_to(REPO).with_suffix('').parts
   return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
 
 
 def _imports(path: pathlib.Path) -> set[str]:
-  """Every realm_jax module `path` imports, by its dotted name."""
+  """Every module of the tree `path` imports, by its dotted name."""
   found = set()
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.Import):
       found.update(alias.name for alias in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module:
-      found.add(node.module)
-      found.update(f'{node.module}.{alias.name}' for alias in node.names)
-  return {name for name in found if name.startswith('realm_jax.')}
+      names = {f'{node.module}.{alias.name}' for alias in node.names}
+      found.update(names)
+      if not all(map(_known, names)):  # Not modules alone: the package too.
+        found.add(node.module)
+  return {name for name in found if name.split('.')[0] in TREE}
 
 
 def _part(module: str) -> str:
-  """The layer a dotted module name belongs to ('' for the package)."""
+  """The layer a dotted module name belongs to ('' for the library's face):
+  launch/ and benchmarks/ are each one."""
   parts = module.split('.')
+  if parts[0] != 'realm_jax':
+    return parts[0]
   return parts[1] if len(parts) > 1 else ''
 
 
 def _known(module: str) -> bool:
   """A module (not a name imported from one)."""
-  relative = pathlib.Path(*module.split('.')[1:])
-  return ((PACKAGE / relative).with_suffix('.py').is_file()
-          or (PACKAGE / relative / '__init__.py').is_file())
+  relative = pathlib.Path(*module.split('.'))
+  return ((REPO / relative).with_suffix('.py').is_file()
+          or (REPO / relative / '__init__.py').is_file())
 
 
-MODULES = sorted(PACKAGE.rglob('*.py'))
+MODULES = sorted(path for package in TREE
+                 for path in (REPO / package).rglob('*.py'))
+LIBRARY = [path for path in MODULES if path.is_relative_to(PACKAGE)]
 
 
 def test_every_module_has_a_layer():
@@ -74,10 +86,10 @@ def test_imports_flow_one_way(path):
       ok = False  # The builder runs without the trainer's code.
     elif here == 'training' and imported == 'realm_jax.index.refresh':
       ok = False  # The trainer does not import the builder's loop.
-    elif here in ('demo', 'aot') and there in ('main', 'demo'):
-      ok = False  # The command line calls the demo, not the other way.
-    elif here == 'world_demo' and there == 'main':
-      ok = False  # It shares the demo's stages, and nothing of main.
+    elif here in ('experiments', 'aot') and there in ('main', 'record'):
+      ok = False  # The command line calls the presets, not the other way.
+    elif here == 'input' and there == 'models':
+      ok = False  # Examples are made without the model's code.
     else:
       ok = LAYERS[there] <= LAYERS[here]
     if not ok:
@@ -87,13 +99,47 @@ def test_imports_flow_one_way(path):
 
 def test_the_check_sees_imports_inside_functions(tmp_path):
   module = tmp_path / 'late.py'
-  module.write_text('def f():\n  from realm_jax.index import refresh\n')
-  assert 'realm_jax.index.refresh' in _imports(module)
+  module.write_text('def f():\n  from realm_jax.index import refresh\n'
+                    '  import launch.pod\n')
+  assert {'realm_jax.index.refresh', 'launch.pod'} <= _imports(module)
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+  graph = {_module(path): {name for name in _imports(path) if _known(name)}
+           for path in MODULES}
+  graph = {module: {name for name in names if name != module}
+           for module, names in graph.items()}
+
+  def reaches(start, goal):
+    seen, pending = set(), list(graph.get(start, ()))
+    while pending:
+      module = pending.pop()
+      if module == goal:
+        return True
+      if module not in seen:
+        seen.add(module)
+        pending.extend(graph.get(module, ()))
+    return False
+
+  circles = sorted(module for module in graph if reaches(module, module))
+  assert not circles, f'modules on a circle of imports: {circles}'
+
+
+def test_only_the_input_layer_names_the_source_kinds():
+  """Everything else is handed a `Source`: no branch on 'seqio' or
+  'arrays' outside realm_jax/input/."""
+  branching = [
+      _module(path) for path in LIBRARY
+      if not path.is_relative_to(PACKAGE / 'input') and any(
+          phrase in path.read_text() for phrase in (
+              ".source == '", "kind == 'seqio'", "kind == 'arrays'",
+              'Examples()'))]
+  assert not branching, branching
 
 
 def test_only_the_command_line_and_the_run_loader_touch_gins_global_state():
   allowed = {'realm_jax.main', 'realm_jax.training.run_loader'}
-  touching = {_module(path) for path in MODULES
+  touching = {_module(path) for path in LIBRARY
               if any(call in path.read_text()
                      for call in ('gin.clear_config', 'gin.query_parameter'))}
   assert touching <= allowed, touching - allowed
@@ -106,9 +152,11 @@ def test_only_the_command_line_and_the_run_loader_touch_gins_global_state():
 # only where no bundle brought one.
 TF_SIDE = {'realm_jax.data.ict', 'realm_jax.data.masking',
            'realm_jax.data.salient_spans', 'realm_jax.data.vocabulary',
-           'realm_jax.evaluation.qa_features',
+           'realm_jax.input.qa_features', 'realm_jax.input.tasks',
+           'realm_jax.input.tasks.common', 'realm_jax.input.tasks.ict',
+           'realm_jax.input.tasks.open_qa', 'realm_jax.input.tasks.pretraining',
            'realm_jax.evaluation.t5x_adapter', 'realm_jax.released.importer'}
-CORE = [path for path in MODULES if _module(path) not in TF_SIDE]
+CORE = [path for path in LIBRARY if _module(path) not in TF_SIDE]
 
 
 def _module_level_imports(path: pathlib.Path) -> set[str]:
@@ -137,4 +185,4 @@ def test_the_core_imports_no_tf_stack_at_module_level(path):
 
 
 def test_the_tf_side_is_what_it_says():
-  assert TF_SIDE <= {_module(path) for path in MODULES}
+  assert TF_SIDE <= {_module(path) for path in LIBRARY}

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 
-import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,7 +16,7 @@ from realm_jax import checksums, embedded, errors
 from realm_jax.data import (block_store, corpus, example_arrays,
                             masked_queries, masking, salient_spans,
                             span_arrays, task_names)
-from realm_jax.training import input_pipeline
+from realm_jax.input import arrays
 
 SHAPES = {'query_token_ids': (32,), 'mlm_positions': (8,),
           'mlm_targets': (8,), 'block_id': ()}
@@ -224,14 +223,13 @@ def test_the_held_out_blocks_are_apart_and_each_of_their_spans_scored_once(
   assert not blocks['train'] & blocks['validation']
   assert all(salient_spans.is_validation(b, 200) for b in blocks['validation'])
   monkeypatch.setenv(example_arrays.ROOT_ENV, spans_root)
-  gin.bind_parameter('Examples.source', 'arrays')
+  source = arrays.ArraysSource()
   task = task_names.held_out('wiki_leads')
-  read = list(input_pipeline.batches(task, 'validation', SHAPES, 16,
-                                     shuffle=False, num_epochs=1,
-                                     drop_remainder=False))
+  read = list(source.batches(task, 'validation', SHAPES, 16, shuffle=False,
+                             num_epochs=1, drop_remainder=False))
   expected = _seqio_every_span(small_corpus_env, 'validation', tokenizer,
                                32)
-  assert input_pipeline.example_count(task, 'validation', SHAPES) == sum(
+  assert source.example_count(task, 'validation', SHAPES) == sum(
       len(b['block_id']) for b in read) == len(expected['block_id'])
   np.testing.assert_array_equal(
       np.concatenate([b['query_token_ids'] for b in read]),
@@ -250,7 +248,7 @@ def test_spans_are_written_once_and_their_fingerprint_is_the_data_position(
   assert spans.metadata['fingerprint'] == example_arrays.fingerprint(
       {name: np.load(path / f'{name}.npy') for name in span_arrays.ARRAYS})
   monkeypatch.setenv(example_arrays.ROOT_ENV, spans_root)
-  examples = input_pipeline.Examples(source='arrays')
+  examples = arrays.ArraysSource()
   for name in task_names.MASKINGS:
     assert examples.position(task_names.pretrain('wiki_leads', name), 1) == {
         'source': 'arrays', 'spans_fingerprint': spans.metadata['fingerprint']}
@@ -268,11 +266,11 @@ def test_spans_of_another_vocabulary_or_corpus_are_refused_naming_both(
   (copied / example_arrays.METADATA).write_text(json.dumps(
       {**metadata, field: 'f00'}))
   checksums.write(copied)  # As if written from that vocabulary or corpus.
-  examples = input_pipeline.Examples(source='arrays', arrays_dir=str(root))
   with pytest.raises(errors.IndexMismatchError,
                      match=f'{field} f00, but this run reads '
                      f'{metadata[field]}'):
-    examples.draws(task_names.pretrain('wiki_leads', 'salient'), 'train')
+    arrays.draws(task_names.pretrain('wiki_leads', 'salient'), 'train',
+                 str(root))
 
 
 @pytest.mark.unit
@@ -285,14 +283,12 @@ def test_a_corpus_without_spans_reads_the_queries_exported_in_its_name(
   written = example_arrays.write(
       example_arrays.directory(task, 'train', str(tmp_path)), queries, SHAPES,
       vocab_fingerprint=corpus.vocab_hash(embedded.task_vocab()))
-  examples = input_pipeline.Examples(source='arrays', arrays_dir=str(tmp_path))
-  assert examples.draws(task, 'train') is None
-  assert examples.position(task, 1) == {
+  source = arrays.ArraysSource(str(tmp_path))
+  assert arrays.draws(task, 'train', str(tmp_path)) is None
+  assert source.position(task, 1) == {
       'source': 'arrays', 'arrays_fingerprint': written['fingerprint']}
-  gin.bind_parameter('Examples.source', 'arrays')
-  gin.bind_parameter('Examples.arrays_dir', str(tmp_path))
-  [batch] = input_pipeline.batches(task, 'train', SHAPES, 4, shuffle=False,
-                                   num_epochs=1)
+  [batch] = source.batches(task, 'train', SHAPES, 4, shuffle=False,
+                           num_epochs=1)
   assert list(batch['block_id']) == [0, 1, 2, 3]
 
 

@@ -107,10 +107,10 @@ def test_masks_are_deterministic_for_a_seed(annotated, tokenizer):
 
 @pytest.mark.usefixtures('small_corpus_env')
 def test_the_pipeline_masks_queries_of_the_run_length(tokenizer):
-  from realm_jax.training import input_pipeline  # pylint: disable=g-import-not-at-top
+  from realm_jax.input.seqio_source import SeqioSource  # pylint: disable=g-import-not-at-top
   shapes = {'query_token_ids': (16,), 'mlm_positions': (8,),
             'mlm_targets': (8,)}
-  batches = list(input_pipeline.batches('realm_pretrain_wiki_leads_salient',
+  batches = list(SeqioSource().batches('realm_pretrain_wiki_leads_salient',
                                         'train', shapes, 8, num_epochs=1))
   assert batches  # The assertions below hold for every batch read.
   for batch in batches:

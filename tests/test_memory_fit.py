@@ -5,7 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from realm_jax.training import input_pipeline, partitioning, run_kinds
+from realm_jax.input.seqio_source import SeqioSource
+from realm_jax.training import partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
 from tests.helpers import bind_tiny
 
@@ -31,7 +32,7 @@ def _prepare(tmp_path_factory):
   preparer = run.batch_preparer(str(tmp_path_factory.mktemp('run')),
                                 trainer.mesh)
   preparer.start(state.params, 0)
-  examples = next(input_pipeline.batches(run.task, 'train', run.shapes,
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes,
                                          BATCH))
   inputs, _ = preparer.prepare(examples, state.params, 0)
   return trainer, state, partitioning.global_batch(inputs, trainer.mesh)

@@ -3,7 +3,7 @@ rule itself: tests/test_answer_matching.py)."""
 
 import pytest
 
-from realm_jax.evaluation import metrics
+from realm_jax.data import metrics
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import seqio
 
-from realm_jax.training import input_pipeline
+from realm_jax.input import seqio_source
 from tests.helpers import REPO, RETRIEVAL, TINY
 
 pytestmark = [pytest.mark.integration,
@@ -29,9 +29,9 @@ def _rows(batch):
 
 
 def test_data_shards_are_disjoint_slices_of_every_global_batch():
-  whole = next(input_pipeline.batches(TASK, 'train', ICT_SHAPES, 8, seed=3,
+  whole = next(seqio_source.SeqioSource().batches(TASK, 'train', ICT_SHAPES, 8, seed=3,
                                       data_shards=2))
-  halves = [next(input_pipeline._shard_batches(  # pylint: disable=protected-access
+  halves = [next(seqio_source.shard_batches(
       TASK, 'train', ICT_SHAPES, 4, 3, True, None,
       seqio.ShardInfo(i, 2)).as_numpy_iterator())
             for i in range(2)]
@@ -39,7 +39,7 @@ def test_data_shards_are_disjoint_slices_of_every_global_batch():
   # Over an epoch the two shards never read the same block.
   epoch = [set(), set()]
   for i in range(2):
-    for batch in input_pipeline._shard_batches(  # pylint: disable=protected-access
+    for batch in seqio_source.shard_batches(
         TASK, 'train', ICT_SHAPES, 1, 0, False, 1,
         seqio.ShardInfo(i, 2)).as_numpy_iterator():
       epoch[i].update(_rows(batch))
@@ -48,7 +48,7 @@ def test_data_shards_are_disjoint_slices_of_every_global_batch():
 
 def test_data_shards_must_divide_the_batch_and_cover_the_processes():
   with pytest.raises(ValueError, match='data_shards=3'):
-    input_pipeline.batches(TASK, 'train', ICT_SHAPES, 8, data_shards=3)
+    seqio_source.SeqioSource().batches(TASK, 'train', ICT_SHAPES, 8, data_shards=3)
 
 
 def _free_port() -> int:

@@ -15,7 +15,7 @@ from realm_jax.data import answer_matching, corpus
 from realm_jax.evaluation import qa_evaluation
 from realm_jax.evaluation.answers import BlockTexts, answers_of
 from realm_jax.training import run_loader
-from tasks import open_qa as open_qa_tasks
+from realm_jax.input.tasks import open_qa as open_qa_tasks
 from tests.helpers import NQ_TEST, TREC_TEST, finetuned
 
 

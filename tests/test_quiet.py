@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from launch import local
+from realm_jax import launch_local
 from realm_jax import main, quiet
 
 pytestmark = pytest.mark.unit
@@ -67,6 +67,7 @@ def test_verbose_is_a_flag_of_every_command(argv, verbose):
 
 
 def test_the_launcher_passes_verbose_on_to_its_jobs(fresh_env, monkeypatch):
-  monkeypatch.setattr(local, 'run', lambda *args, **kwargs: None)
-  assert local.main(['--model_dir=x', '--gin_file=a.gin', '--verbose']) == 0
+  monkeypatch.setattr(launch_local, 'run', lambda *args, **kwargs: None)
+  assert launch_local.main(
+      ['--model_dir=x', '--gin_file=a.gin', '--verbose']) == 0
   assert os.environ[quiet.VERBOSE_ENV] == '1'

@@ -38,7 +38,7 @@ from realm_jax.models.reader import KnowledgeAugmentedEncoder
 from realm_jax.models.realm import model_retriever
 from realm_jax.released import importer, tensor_files
 from realm_jax.training import run_loader
-from tasks import common
+from realm_jax.input.tasks import common
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,8 @@ mean and range of each figure."""
 
 import pytest
 
-from realm_jax import repeats, world_demo
+from realm_jax import repeats
+from realm_jax.experiments import world_demo
 
 
 def _interval(difference, low, high):

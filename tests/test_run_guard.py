@@ -167,7 +167,7 @@ def test_only_process_0_of_a_local_directory_takes_the_lock(
 
 
 def _format_file(model_dir):
-  return os.path.join(model_dir, run_guard.FORMAT_FILE)
+  return os.path.join(model_dir, run_directory.FORMAT_FILE)
 
 
 def _with_format(model_dir, **changes):
@@ -180,12 +180,12 @@ def _with_format(model_dir, **changes):
 @pytest.mark.unit
 def test_a_new_run_records_its_format(tmp_path):
   new = str(tmp_path / 'new')
-  assert run_guard.recorded_format(new) is None
+  assert run_directory.recorded_format(new) is None
   run_guard.check_format(new)
   run_guard.check_format(new)  # A new run killed before its first save.
   with open(_format_file(new), encoding='utf-8') as f:
     assert json.load(f) == run_guard.current_format()
-  assert run_guard.recorded_format(new) == run_guard.RUN_FORMAT
+  assert run_directory.recorded_format(new) == run_guard.RUN_FORMAT
 
 
 @pytest.mark.unit
@@ -195,7 +195,7 @@ def test_a_run_from_before_the_format_file_is_format_1_and_refused(
   them (format 2): a trainer cannot resume its optimizer state."""
   old = str(tmp_path / 'old')
   os.makedirs(_step_dir(old, 3))
-  assert run_guard.recorded_format(old) == run_guard.UNROLLED_LAYERS_FORMAT
+  assert run_directory.recorded_format(old) == run_directory.UNROLLED_LAYERS_FORMAT
   with caplog.at_level(logging.INFO, logger='realm_jax'):
     with pytest.raises(errors.FormatMismatch,
                        match=f'format 1 there, {run_guard.RUN_FORMAT} here'):

@@ -16,12 +16,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from seqio.metrics import ModelOutputType
 
 from realm_jax.data import corpus
-from realm_jax.evaluation import metrics
+from realm_jax.data import metrics
 from realm_jax.evaluation.t5x_adapter import (RealmQAModel, best_answers,
                                               top_k_inner_products)
 from realm_jax.index.exact import exact_search
 from realm_jax.training.batches import token_arrays
-from tasks import open_qa as open_qa_tasks
+from realm_jax.input.tasks import open_qa as open_qa_tasks
 from tests import helpers
 
 EMPTY = inspect.Parameter.empty

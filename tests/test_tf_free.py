@@ -91,7 +91,7 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
   assert [r['step'] for r in _rows(reader)][-1] == 2
 
   pretrain = str(tmp_path / 'pretrain')
-  _run(env, '-m', 'launch.local', f'--model_dir={pretrain}', *PRETRAIN,
+  _run(env, '-m', 'realm_jax.launch_local', f'--model_dir={pretrain}', *PRETRAIN,
        *ARRAYS, f'--gin.Pretrain.ict_model_dir="{ict}"',
        f'--gin.Pretrain.reader_model_dir="{reader}"',
        '--gin.train.num_steps=6', '--gin.train.checkpoint_every=2',

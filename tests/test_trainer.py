@@ -15,9 +15,10 @@ import pytest
 from realm_jax import main, run_directory
 from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.models import pretrained
-from realm_jax.training import batches, input_pipeline, partitioning, run_kinds
+from realm_jax.input.seqio_source import SeqioSource
+from realm_jax.training import batches, partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
-from tasks import open_qa as open_qa_tasks
+from realm_jax.input.tasks import open_qa as open_qa_tasks
 from tests.helpers import (DATA_DIR, REPO, RETRIEVAL, TINY, bind_tiny,
                            build_leads_corpus, needs_data, train_tiny)
 
@@ -45,7 +46,7 @@ def test_sharded_step_equals_single_device_step(tmp_path):
   state = single.initial_state()
   preparer = run.batch_preparer(str(tmp_path), single.mesh)
   preparer.start(state.params, 0)
-  examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
   inputs, _ = preparer.prepare(examples, state.params, 0)
   rng = jax.random.PRNGKey(1)  # Dropout on: its bits must not depend on layout.
   (loss, metrics), grads = jax.jit(single.loss_and_grads)(
@@ -92,7 +93,7 @@ def test_a_frozen_retriever_keeps_its_start_and_costs_no_backward_pass(
     state = trainer.initial_state()
     preparer = run.batch_preparer(str(tmp_path / str(trained)), trainer.mesh)
     preparer.start(state.params, 0)
-    examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+    examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
     inputs, _ = preparer.prepare(examples, state.params, 0)
     before = jax.device_get(state.params)
     flops[trained] = trainer._jit_step(inputs).lower(
@@ -118,7 +119,7 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
   state = trainer.initial_state()
   preparer = run.batch_preparer(str(tmp_path), trainer.mesh)
   preparer.start(state.params, 0)  # No index: none is built.
-  examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
   read = []
   for step in range(4):
     inputs, _ = preparer.prepare(examples, state.params, step)
@@ -187,7 +188,7 @@ def test_bf16_compute_keeps_fp32_parameters_and_loss(tmp_path):
   trainer = Trainer(run.objective,
                     partitioning.make_mesh(devices=jax.devices()[:1]), 10)
   state = trainer.initial_state()
-  examples = next(input_pipeline.batches(run.task, 'train', run.shapes, 8))
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
   inputs, _ = run.batch_preparer(str(tmp_path), trainer.mesh).prepare(
       examples, state.params, 0)
   state, metrics = trainer.step(state, inputs)

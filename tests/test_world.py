@@ -119,7 +119,7 @@ def test_the_command_refuses_an_impossible_world_in_one_line(tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_two_writes_give_the_same_corpus_fingerprint(tmp_path, monkeypatch):
-  from realm_jax import world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
   fingerprints = []
   for attempt in ('a', 'b'):
     monkeypatch.setenv('REALM_CORPUS_DIR', str(tmp_path / attempt))

@@ -1,7 +1,7 @@
 """A task's examples, pre-tokenized, as memory-mapped arrays: the TF-free input.
 
 The seqio tasks tokenize, mask and cut examples with TensorFlow ops. Written
-once (`realm-jax data export`, `training.input_pipeline.export`), the same
+once (`realm-jax data export`, the seqio source's `export`), the same
 examples are one .npy file per feature, [count, *shape] at the shapes of the
 run that reads them (uint8 or uint16 where every value fits, as wordpiece
 ids of BERT's vocabularies do: a half or a quarter of the bytes to carry;

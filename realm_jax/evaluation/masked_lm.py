@@ -21,17 +21,18 @@ from realm_jax.data import corpus, task_names
 from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import RestoredRun
 from realm_jax.progress import Progress
-from realm_jax.training import input_pipeline, partitioning
+from realm_jax.input.source import Source
+from realm_jax.training import partitioning
 
 TERMS = ('masked_tokens', 'correct_tokens', 'log_likelihood',
          'null_correct_tokens', 'null_log_likelihood')
 
 
-def held_out_queries(corpus_name: str, shapes: dict) -> int:
+def held_out_queries(source: Source, corpus_name: str, shapes: dict) -> int:
   """How many queries the held-out task gives: the held-out salient spans
   (counted in the annotated corpus, or read from the exported arrays)."""
-  count = input_pipeline.example_count(task_names.held_out(corpus_name),
-                                       'validation', shapes)
+  count = source.example_count(task_names.held_out(corpus_name),
+                               'validation', shapes)
   if count is not None:
     return count
   tf = corpus.tensorflow()
@@ -90,12 +91,12 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   per_example = jax.jit(run.objective.per_example)
   rows = []
   task = task or task_names.held_out(run.corpus_name)
-  total = (input_pipeline.example_count(task, 'validation', run.shapes)
-           or held_out_queries(run.corpus_name, run.shapes))
+  total = (restored.source.example_count(task, 'validation', run.shapes)
+           or held_out_queries(restored.source, run.corpus_name, run.shapes))
   progress = Progress(f'masked LM {name}', min(total, max_queries or total),
                       unit='queries', every_s=15)
   first = int(preparer.null_document)  # The first retrieved block's column.
-  for examples in input_pipeline.batches(
+  for examples in restored.source.batches(
       task, 'validation', run.shapes, batch_size,
       shuffle=False, num_epochs=1, drop_remainder=False):
     count = len(examples['block_id'])

@@ -125,7 +125,7 @@ class RestoredRun:
     with self.stopwatch('config'):
       self.loaded = load_run(model_dir, gin_files, gin_bindings)
     self.model_dir, self.run = self.loaded.model_dir, self.loaded.run
-    self.kind = self.loaded.kind
+    self.kind, self.source = self.loaded.kind, self.loaded.source
     if reader is not None and self.kind != reader:
       does, instead = READERS[reader]
       raise errors.WrongRunKind(

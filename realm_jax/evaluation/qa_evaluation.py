@@ -1,13 +1,13 @@
-"""`realm-jax eval`: Open-QA scored as REALM scores it, driven by seqio.
+"""`realm-jax eval`: Open-QA scored as REALM scores it.
 
-`seqio.Evaluator` reads a benchmark task's test split, hands its questions
-to a `QAPredictor` (through `qa_features.QAFeatureConverter`, as t5x's
-eval.py hands batches to a model) and applies the task's own metric: exact
-match, or regex match for CuratedTREC. Without TensorFlow the questions come
-from the task's exported arrays and the same metric function scores them.
-A file of questions (`QAFile`) is read and tokenized here, as its seqio task
-would give it, and scored by that task's metric: no TensorFlow to start and
-no per-question trip through tf.data, which took longer than the scoring.
+The run's source of examples (`realm_jax.input`) gives a benchmark task's
+test questions (read through its seqio task, or from its exported arrays);
+a `QAPredictor` answers them and the task's own metric scores them: exact
+match, or regex match for CuratedTREC (`data.metrics`, the functions the
+seqio tasks declare). A file of questions (`QAFile`) is read and tokenized
+here, as its seqio task would give it, and scored by that task's metric: no
+TensorFlow to start and no per-question trip through tf.data, which took
+longer than the scoring.
 Beside it this module measures retrieval as DPR and every later paper print it:
 top-k accuracy at k = 1, 5, 20 and 100 (REALM's recall@5 is top-5), the
 fraction of questions with an answer in one of their top k blocks by DPR's
@@ -26,12 +26,10 @@ import logging
 import numpy as np
 from etils import epath
 
-from realm_jax import extras
-from realm_jax.data import answer_matching, corpus, open_qa
-from realm_jax.evaluation import bootstrap, metrics
+from realm_jax.data import answer_matching, corpus, metrics, open_qa
+from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
-from realm_jax.training import input_pipeline
 from realm_jax.training.batches import token_arrays
 
 # The k of top-k accuracy, DPR's and Pyserini's (k past what a run
@@ -80,42 +78,14 @@ def _predict(predictor: QAPredictor, task: str, batches, total: int,
   return outputs
 
 
-def _seqio_evaluation(predictor, task, batch_size, num_examples, results):
-  """(examples, regex, task metrics) through seqio.Evaluator."""
-  seqio = extras.require('seqio', 'Open-QA evaluation of a seqio task')
-  import tasks  # pylint: disable=g-import-not-at-top,unused-import
-  from realm_jax.evaluation import qa_features  # pylint: disable=g-import-not-at-top
-  # The task's metric says how its answers match: as strings or patterns.
-  regex = (metrics.regex_match in
-           seqio.get_mixture_or_task(task).predict_metric_fns)
-  evaluator = seqio.Evaluator(
-      task, qa_features.QAFeatureConverter(), eval_split='test',
-      sequence_length={'query_token_ids': predictor.query_length},
-      num_examples=num_examples, async_compute_metrics=False)
-  if not evaluator.eval_tasks:
-    raise ValueError(f'seqio task {task!r} has no test split with metrics.')
-  examples = list(evaluator.cached_task_datasets[task].as_numpy_iterator())
-  predict_fn = lambda dataset: _predict(
-      predictor, task, ((i, f['query_token_ids']) for i, f in
-                        dataset.batch(batch_size).as_numpy_iterator()),
-      len(examples), batch_size, results)
-  if not predictor.reads:  # A retriever alone: recall only, no reader.
-    predict_fn(evaluator.cached_model_datasets[task])
-    return examples, regex, {}
-  seqio_metrics, _ = evaluator.evaluate(compute_metrics=True,
-                                        predict_fn=predict_fn)
-  return examples, regex, seqio_metrics.result()[task]
-
-
-def _array_evaluation(predictor, task, batch_size, num_examples, results):
-  """(examples, regex, task metrics) from the task's exported test split,
-  scored by the metric function the seqio task declares."""
-  shapes = {'query_token_ids': (predictor.query_length,)}
-  arrays = input_pipeline.Examples().open_arrays(task, 'test', shapes)
-  count = min(arrays.count, num_examples or arrays.count)
-  return _scored(predictor, task, arrays.strings()[:count],
-                 arrays.arrays['query_token_ids'], bool(
-                     arrays.metadata.get('regex')), batch_size, results)
+def _task_evaluation(predictor, task, batch_size, num_examples, results):
+  """(examples, regex, task metrics) of a benchmark task's test questions,
+  as the run's source gives them."""
+  questions = predictor.source.questions(task, predictor.query_length,
+                                         num_examples)
+  return _scored(predictor, task, questions.examples,
+                 questions.query_token_ids, questions.regex, batch_size,
+                 results)
 
 
 def _file_evaluation(predictor, qa_file: QAFile, batch_size, num_examples,
@@ -191,17 +161,12 @@ def evaluate(predictor: QAPredictor, task: str | QAFile, output_dir: str,
   again on the questions whose answer is in the corpus. With
   `retrieval_output`, also writes the retrievals there in
   `retrieval_format` (one of `RETRIEVAL_FORMATS`, see `retrieval_file`). The
-  questions come from the seqio task through seqio.Evaluator, from its
-  exported arrays (`input_pipeline.Examples`) or from the file itself,
-  scored by the same metric.
+  questions come from the run's source (the seqio task or its exported
+  arrays) or from the file itself, scored by the same metric.
   """
   results: dict[int, dict] = {}
-  if isinstance(task, QAFile):
-    evaluation = _file_evaluation
-  elif input_pipeline.Examples().source == 'arrays':
-    evaluation = _array_evaluation
-  else:
-    evaluation = _seqio_evaluation
+  evaluation = (_file_evaluation if isinstance(task, QAFile)
+                else _task_evaluation)
   examples, regex, task_metrics = evaluation(predictor, task, batch_size,
                                              num_examples, results)
   if isinstance(task, QAFile):

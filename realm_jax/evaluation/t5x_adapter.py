@@ -38,7 +38,8 @@ from flax.linen import partitioning as flax_partitioning
 
 from realm_jax import errors
 from realm_jax.evaluation.prediction import QAPredictor, read_answers
-from realm_jax.evaluation.qa_features import QAFeatureConverter, Spec
+from realm_jax.input import tasks
+from realm_jax.input.qa_features import QAFeatureConverter, Spec
 from realm_jax.models import losses
 from realm_jax.models.reader import (BEST_SPAN, MARGINAL, gold_span_mask,
                                      span_mask)
@@ -170,6 +171,7 @@ class RealmQAModel:
 
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
                gin_bindings=(), top_spans: int = 8):
+    tasks.register()  # Its vocabularies are the run's task's.
     self.predictor = QAPredictor(model_dir, step, gin_files, gin_bindings,
                                  top_spans=top_spans, answers_only=True)
     self.run, self.params = self.predictor.run, self.predictor.params

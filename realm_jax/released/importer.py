@@ -36,7 +36,7 @@ from realm_jax.progress import Progress
 from realm_jax.released import layouts
 from realm_jax.released.tensor_files import TensorFile, open_tensor_file
 from realm_jax.training import run_loader
-from tasks import common
+from realm_jax.input.tasks import common
 
 log = logging.getLogger(__name__)
 

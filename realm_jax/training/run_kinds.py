@@ -13,18 +13,18 @@ from typing import NamedTuple
 
 import gin
 
-from realm_jax import errors, extras
+from realm_jax import errors
 from realm_jax.data import open_qa, task_names
 from realm_jax.models import losses
 from realm_jax.models.reader import check_answer_rule
 from realm_jax.models.realm import build_realm, model_retriever
-from realm_jax.training import batches, input_pipeline, objectives, warm_start
+from realm_jax.training import batches, objectives, warm_start
 from realm_jax.training.warm_start import WarmStart
 
 
 class ExampleSplit(NamedTuple):
-  """One split a run (or its evaluation) reads, as `input_pipeline.export`
-  writes it: `corpus_name` for examples made from a corpus, `strings` for
+  """One split a run (or its evaluation) reads, as the seqio source's
+  `export` writes it: `corpus_name` for examples made from a corpus, `strings` for
   the text features kept beside the wordpieces, `metadata` for what the
   task's metric needs to know."""
   task: str
@@ -238,7 +238,7 @@ class Finetune(RunKind):
     train_document_tower: also train the document tower, end to end (EMDR2,
       Atlas; the paper keeps it frozen): the candidates are embedded afresh
       in the step, and the run reads each index the index builder
-      (`realm-jax refresh`, or `launch.local`) publishes beside it, as
+      (`realm-jax refresh`, or `realm_jax.launch_local`) publishes beside it, as
       pre-training does. Save checkpoints at least as often as the builder
       should refresh.
   """
@@ -271,7 +271,7 @@ class Finetune(RunKind):
     self.regex = qa_regex if qa_file else benchmark in open_qa.REGEX_ANSWERS
     self.qa_file = qa_file
     if qa_file:
-      task = qa_file_task(qa_file, qa_regex)
+      task = open_qa.qa_file_task_name(qa_file, qa_regex)
       eval_split = 'validation'
     super().__init__(
         task, eval_split,
@@ -300,9 +300,6 @@ class Finetune(RunKind):
   def example_splits(self):
     # Questions, not corpus blocks; the test split (every question of a
     # file) with its texts, which `realm-jax eval` scores.
-    if self.qa_file:  # Exported from seqio, whichever source reads it later.
-      from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
-      open_qa_tasks.register_qa_file(self.qa_file, self.regex)
     splits = {split: ExampleSplit(self.task, split, self.shapes)
               for split in ('train', self.eval_split)}
     splits['test'] = ExampleSplit(self.task, 'test', self.shapes,
@@ -314,14 +311,3 @@ class Finetune(RunKind):
     return batches.OpenQaBatches(model_dir, mesh, self.objective, self.task,
                                  self.corpus_name)
 
-
-def qa_file_task(path: str, regex: bool) -> str:
-  """The task of an Open-QA file: registered with seqio where examples come
-  from seqio; else its name alone, under which its arrays were exported."""
-  if input_pipeline.Examples().source == 'seqio':
-    extras.require('seqio', 'A QA file read as a seqio task',
-                   "export its arrays where TensorFlow is (realm-jax data "
-                   "export) and read them (Examples.source = 'arrays')")
-    from tasks import open_qa as open_qa_tasks  # pylint: disable=g-import-not-at-top
-    return open_qa_tasks.register_qa_file(path, regex)
-  return open_qa.qa_file_task_name(path, regex)

@@ -3,7 +3,7 @@
 gin's configuration is global; this module and the command line are the
 only places that parse, clear or query it. Everything else receives what
 they build: a `RunKind` (its objective and batch preparer), a batch size, a
-step count. A finished run is rebuilt from the operative config its trainer
+step count, the source of its examples (chosen here, once). A finished run is rebuilt from the operative config its trainer
 saved (model_dir/config.gin), so `eval`, `ask`, `fill` and the t5x adapter
 need nothing but the directory.
 """
@@ -18,6 +18,9 @@ from etils import epath
 
 from realm_jax import errors, run_directory
 from realm_jax.index import publication
+from realm_jax.input import configured as configured_input
+from realm_jax.input.seqio_source import SeqioSource
+from realm_jax.input.source import Source
 from realm_jax.training import trainer
 from realm_jax.training.run_kinds import RunKind
 
@@ -72,28 +75,49 @@ def configure(files, bindings=()) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ConfiguredRun:
-  """What `train` would train under the current gin config."""
+  """What `train` would train under the current gin config, and the source
+  its examples come from."""
   run: RunKind
   batch_size: int
   num_steps: int
   seed: int
+  source: Source
 
   @property
   def kind(self) -> str:
     return type(self.run).__name__
 
+  def exporter(self) -> SeqioSource:
+    """The seqio source, ready to write this run's splits as arrays
+    (`SeqioSource.export`) whichever source the run reads."""
+    return reading(self.run, SeqioSource())
+
 
 def configured_run() -> ConfiguredRun:
   """The run kind (built now), batch size and step count bound for
-  `trainer.train`."""
+  `trainer.train`, and the source its examples come from."""
   bound = gin.get_bindings(trainer.train)
   missing = [name for name in ('run', 'batch_size', 'num_steps')
              if name not in bound]
   if missing:
     raise errors.BadConfig('The gin config binds no ' + ', '.join(
         f'train.{name}' for name in missing) + '.')
-  return ConfiguredRun(bound['run'], bound['batch_size'], bound['num_steps'],
-                       bound.get('seed', 0))
+  run = bound['run']
+  return ConfiguredRun(run, bound['batch_size'], bound['num_steps'],
+                       bound.get('seed', 0),
+                       reading(run, configured_input.configured_source()))
+
+
+def reading(run: RunKind, source: Source) -> Source:
+  """`source`, made ready for the QA file a run names."""
+  if getattr(run, 'qa_file', None):
+    source.add_qa_file(run.qa_file, run.regex)
+  return source
+
+
+def train(model_dir: str):
+  """Trains the configured run (`trainer.train`) from its source."""
+  return trainer.train(model_dir, configured_run().source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +167,7 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
   return LoadedRun(
       run=configured.run, batch_size=configured.batch_size,
       num_steps=configured.num_steps, seed=configured.seed,
+      source=configured.source,
       model_dir=model_dir,
       config=gin.config_str(), step=checkpoints[-1] if checkpoints else None,
       index_step=indexes[-1] if indexes else None)

@@ -27,7 +27,8 @@ from flax import linen as nn
 from realm_jax import distributed, errors, run_directory, run_guard
 from realm_jax.models import target
 from realm_jax.progress import Progress
-from realm_jax.training import input_pipeline, optimizer, partitioning
+from realm_jax.input.source import Source
+from realm_jax.training import optimizer, partitioning
 from realm_jax.training.batches import BatchPreparer
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.curves import plot_curves
@@ -243,15 +244,15 @@ def memory_budget(mesh, fraction: float) -> int | None:
   return int(fraction * (stats['bytes_limit'] - stats.get('bytes_in_use', 0)))
 
 
-def held_out_metrics(run: RunKind, preparer: BatchPreparer, evaluate, mesh,
-                     params, step: int, batch_size: int, num_batches: int,
-                     seed: int = 0) -> dict:
+def held_out_metrics(run: RunKind, source: Source, preparer: BatchPreparer,
+                     evaluate, mesh, params, step: int, batch_size: int,
+                     num_batches: int, seed: int = 0) -> dict:
   """The run's metrics on the first `num_batches` held-out batches (the
   same ones every time): the mean over batches of each batch's metrics,
   the batch preparer's among them. `evaluate(params, inputs)` is the jitted
   deterministic loss' metrics (`Trainer.evaluate`)."""
   totals, count = {}, 0
-  for examples in input_pipeline.batches(
+  for examples in source.batches(
       run.task, run.eval_split, run.shapes, batch_size, seed=seed,
       shuffle=False, num_epochs=1):
     if count == num_batches:
@@ -282,7 +283,7 @@ def _remove_if_refused(model_dir: str, error: BaseException | None) -> None:
 
 
 @gin.configurable
-def train(model_dir: str, run: RunKind = gin.REQUIRED,
+def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
           num_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED,
           seed: int = 0, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, retriever_every: int | None = None,
@@ -295,6 +296,8 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
 
   Args:
     model_dir: checkpoints, metrics and (for retrieval runs) the index.
+    source: where the run's examples come from (`run_loader.train` passes
+      the configured one).
     run: Ict(), Pretrain() or Finetune().
     num_steps: the total number of updates of the run.
     batch_size: the global batch (each process feeds its share).
@@ -348,7 +351,7 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
         model_dir, checkpoint_every, keep_checkpoints, retriever_every))
     data_shards = data_shards or jax.process_count()
     position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
-                **input_pipeline.Examples().position(run.task, data_shards)}
+                **source.position(run.task, data_shards)}
     resumed = checkpoints.restore_newest(trainer.abstract_state)
     warm_index = None
     if resumed is None:
@@ -375,13 +378,13 @@ def train(model_dir: str, run: RunKind = gin.REQUIRED,
       run_directory.config_path(model_dir).write_text(
           gin.operative_config_str())
     evaluate = lambda params, step: held_out_metrics(
-        run, preparer, trainer.evaluate, mesh, params, step,
+        run, source, preparer, trainer.evaluate, mesh, params, step,
         eval_batch_size or batch_size, eval_batches, seed)
     if eval_every and start == 0:
       _write(writer, 0, evaluate(state.params, 0), 'eval/')
-    data = input_pipeline.batches(run.task, 'train', run.shapes, batch_size,
-                                  seed=seed, skip_batches=start,
-                                  data_shards=data_shards)
+    data = source.batches(run.task, 'train', run.shapes, batch_size,
+                          seed=seed, skip_batches=start,
+                          data_shards=data_shards)
     progress = Progress('train', num_steps, unit='steps', every_s=10,
                         done=start, also=(batch_size, 'examples'))
     window, window_start = [], time.perf_counter()

@@ -1,7 +1,7 @@
 """Local launcher: the trainer and the index builder as two processes on one
 machine, sharing one model_dir (the pod layout, shrunk to one host).
 
-  python -m launch.local --model_dir=runs/pretrain \\
+  python -m realm_jax.launch_local --model_dir=runs/pretrain \\
       --gin_file=gin/runs/pretrain.gin --gin_file=gin/setups/cpu_demo.gin \\
       --gin.train.num_steps=100
 
@@ -196,7 +196,8 @@ def run(model_dir: str, train_args, refresh_args, *, train_log: bool = False,
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog='python -m launch.local', description=__doc__.split('\n\n')[0],
+      prog='python -m realm_jax.launch_local',
+      description=__doc__.split('\n\n')[0],
       allow_abbrev=False,
       epilog='Single gin bindings also as --gin.train.num_steps=10; they go '
       'to both jobs unless --refresh_gin_file is given.')

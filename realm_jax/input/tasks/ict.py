@@ -8,7 +8,7 @@ import tensorflow as tf
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import ict
 from realm_jax.data import salient_spans, task_names
-from tasks import common
+from realm_jax.input.tasks import common
 
 VALIDATION_PER_MILLE = 10
 
@@ -43,13 +43,10 @@ OUTPUT_FEATURES = {
 
 
 def register(corpus: str) -> None:
-  seqio.TaskRegistry.add(
+  common.add_task(
       task_names.ict(corpus),
       source=seqio.FunctionDataSource(functools.partial(blocks, corpus),
                                       splits=('train', 'validation')),
       preprocessors=[ict_preprocessor],
       output_features=OUTPUT_FEATURES)
 
-
-for _corpus in common.CORPORA:
-  register(_corpus)

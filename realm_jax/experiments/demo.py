@@ -45,14 +45,14 @@ import time
 
 from etils import epath
 
-from launch import local
+from realm_jax import launch_local
 from realm_jax import embedded, errors, repeats, run_directory, stage_plan
 from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
 from realm_jax.index import publication
 from realm_jax.models import flops
-from realm_jax.training import curves, run_loader, trainer
+from realm_jax.training import curves, run_loader
 
 log = logging.getLogger(__name__)
 
@@ -214,11 +214,11 @@ class Stages:
 
 def _train(model_dir: str, run: str, setup: str, *flags: str) -> None:
   """Trains in this process what `realm-jax train` trains with the same
-  `--gin.X=V` flags (the flags launch.local passes on)."""
+  `--gin.X=V` flags (the flags realm_jax.launch_local passes on)."""
   run_loader.configure(
       [f'gin/runs/{run}.gin', 'gin/runs/eval.gin', setup],
       [flag[len('--gin.'):].replace('=', ' = ', 1) for flag in flags])
-  trainer.train(model_dir)
+  run_loader.train(model_dir)
 
 
 def build_corpus() -> dict:
@@ -291,7 +291,7 @@ def train_reader(model_dir: str, preset: Preset, *bindings: str) -> dict:
 def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
              *bindings: str, with_refresh: bool = True) -> dict:
   """REALM pre-training from the ICT retriever and the warm reader, with the
-  index builder beside it (launch.local; its log: model_dir/refresh.log)
+  index builder beside it (realm_jax.launch_local; its log: model_dir/refresh.log)
   re-embedding the towers every `refresh_interval` steps (`bindings`
   change the run: the ablations). Without `with_refresh` the run needs no
   index (the baseline reads the null document alone)."""
@@ -315,7 +315,7 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
            '--gin.bert_adamw.learning_rate=1e-4',
            *(f'--gin.{b}' for b in bindings)]
   if with_refresh:
-    local.run(model_dir,
+    launch_local.run(model_dir,
               train_args=['--gin_file=gin/runs/pretrain.gin',
                           '--gin_file=gin/runs/eval.gin',
                           f'--gin_file={preset.setup}', *flags],
@@ -393,7 +393,7 @@ def finetune(model_dir: str, setup: str, num_steps: int, warm_start: str,
     _train(model_dir, 'finetune', setup, *flags)
     return {}
   cadence = f'--gin.run_refresh.refresh_interval_steps={refresh_interval}'
-  local.run(model_dir,
+  launch_local.run(model_dir,
             train_args=['--gin_file=gin/runs/finetune.gin',
                         '--gin_file=gin/runs/eval.gin',
                         f'--gin_file={setup}', *flags, cadence,
@@ -495,8 +495,8 @@ def run(work_dir: str = 'runs/demo', preset: str = 'demo',
     raise errors.BadConfig(f'--work_dir {work_dir} is a file; the demo '
                            'writes its runs into a directory.')
   sizes = PRESETS[preset]
-  # This process trains too while launch.local's two jobs share the GPU.
-  os.environ.setdefault(local.PREALLOCATE, 'false')
+  # This process trains too while realm_jax.launch_local's two jobs share the GPU.
+  os.environ.setdefault(launch_local.PREALLOCATE, 'false')
   if '://' not in work_dir:
     work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
   stages = Stages(work_dir)

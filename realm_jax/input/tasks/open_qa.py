@@ -10,9 +10,8 @@ import functools
 import seqio
 import tensorflow as tf
 
-from realm_jax.data import open_qa
-from realm_jax.evaluation import metrics
-from tasks import common
+from realm_jax.data import metrics, open_qa
+from realm_jax.input.tasks import common
 
 
 def examples(benchmark: str, split: str, shuffle_files: bool = False,
@@ -66,6 +65,9 @@ def answers_postprocessor(output, example=None, is_target=False):
   return output
 
 
+# The benchmarks `register` knows by name.
+BENCHMARKS = tuple(open_qa.FILES)
+
 OUTPUT_FEATURES = {
     'query_token_ids': common.token_feature(),
     'answer_token_ids': common.int_feature(rank=2),
@@ -74,7 +76,7 @@ OUTPUT_FEATURES = {
 
 
 def _add(name: str, dataset_fn, splits, regex: bool) -> None:
-  seqio.TaskRegistry.add(
+  common.add_task(
       name,
       source=seqio.FunctionDataSource(dataset_fn, splits=splits),
       preprocessors=[tokenize_question],
@@ -104,6 +106,3 @@ def register_qa_file(path: str, regex: bool = False) -> str:
          open_qa.QA_FILE_SPLITS, regex)
   return name
 
-
-for _benchmark in open_qa.FILES:
-  register(_benchmark)

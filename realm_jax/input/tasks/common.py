@@ -26,3 +26,10 @@ def token_feature(required: bool = True) -> seqio.Feature:
 def int_feature(rank: int = 1) -> seqio.Feature:
   return seqio.Feature(seqio.PassThroughVocabulary(0), add_eos=False,
                        rank=rank)
+
+
+def add_task(name: str, **task) -> None:
+  """Registers a seqio task unless it is already: registering is explicit
+  (`realm_jax.input.tasks.register`) and may be asked for more than once."""
+  if name not in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.add(name, **task)

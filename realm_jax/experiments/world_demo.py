@@ -40,11 +40,11 @@ import tempfile
 import numpy as np
 from etils import epath
 
-from launch import local
+from realm_jax import launch_local
 from realm_jax import errors, extras, repeats
 from realm_jax.data import corpus, corpus_changes, example_arrays, world
 from realm_jax.evaluation import bootstrap, masked_lm
-from realm_jax.training import curves, input_pipeline, run_loader, trainer
+from realm_jax.training import curves, run_loader
 
 SETUP = 'gin/setups/world.gin'
 CORPUS = 'world'
@@ -128,12 +128,12 @@ def _train(model_dir: str, run: str, *flags: str) -> None:
   run_loader.configure(
       [f'gin/runs/{run}.gin', SETUP],
       [flag[len('--gin.'):].replace('=', ' = ', 1) for flag in flags])
-  trainer.train(model_dir)
+  run_loader.train(model_dir)
 
 
 def make_world(spec: world.WorldSpec) -> dict:
   """The world's corpus and query arrays, at the shapes the setup's runs
-  read, and its ICT pairs from the ordinary seqio task (`tasks.ict`)."""
+  read, and its ICT pairs from the ordinary seqio task (`input.tasks.ict`)."""
   run_loader.configure(['gin/runs/pretrain.gin', SETUP], [])
   run = run_loader.configured_run().run
   metadata = world.write(world.World(spec), run.corpus_name,
@@ -144,13 +144,12 @@ def make_world(spec: world.WorldSpec) -> dict:
   extras.require('seqio', "Writing the world's Inverse Cloze Task pairs",
                  'write the world where TensorFlow is and bring its corpus '
                  'and arrays')
-  import seqio  # pylint: disable=g-import-not-at-top
-  from tasks import ict  # pylint: disable=g-import-not-at-top
-  if ict_run.task not in seqio.TaskRegistry.names():
-    ict.register(ict_run.corpus_name)
+  from realm_jax.input.tasks import ict  # pylint: disable=g-import-not-at-top
+  ict.register(ict_run.corpus_name)
+  exporter = run_loader.configured_run().exporter()
   for split in ('train', 'validation'):
-    input_pipeline.export(ict_run.task, split, ict_run.shapes, spec.seed,
-                          corpus_name=ict_run.corpus_name)
+    exporter.export(ict_run.task, split, ict_run.shapes, spec.seed,
+                    corpus_name=ict_run.corpus_name)
   return {'corpus_dir': corpus.corpus_dir(run.corpus_name),
           'blocks': metadata['num_blocks'],
           'mean_block_length': metadata['mean_length'],
@@ -210,7 +209,7 @@ def pretrain(model_dir: str, ict_dir: str, reader_dir: str,
     if lockstep:
       flags.append('--gin.IndexClient.lockstep_interval='
                    f'{interval * stale_factor}')
-    local.run(model_dir,
+    launch_local.run(model_dir,
               train_args=['--gin_file=gin/runs/pretrain.gin',
                           f'--gin_file={SETUP}', *flags],
               refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=0.5',
@@ -322,7 +321,7 @@ def run(work_dir: str = 'runs/world', preset: str = 'world',
   """Every stage in order, each run's parameters, dropout and data order
   from `seed` (the world itself is the preset's); returns (and writes) the
   results."""
-  from realm_jax import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
   if preset not in PRESETS:
     raise errors.BadConfig(f'preset={preset!r}; expected one of '
                            f'{sorted(PRESETS)}.')

@@ -11,7 +11,7 @@ from realm_jax import errors
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import masking
 from realm_jax.data import salient_spans, task_names
-from tasks import common
+from realm_jax.input.tasks import common
 
 
 def annotated_blocks(corpus: str, split: str, shuffle_files: bool = False,
@@ -66,7 +66,7 @@ OUTPUT_FEATURES = {
 
 def register(corpus: str) -> None:
   for name in task_names.MASKINGS:
-    seqio.TaskRegistry.add(
+    common.add_task(
         task_names.pretrain(corpus, name),
         source=seqio.FunctionDataSource(
             functools.partial(annotated_blocks, corpus),
@@ -74,13 +74,10 @@ def register(corpus: str) -> None:
         preprocessors=[mask_preprocessor(name)],
         output_features=OUTPUT_FEATURES)
   # Held-out scoring: the same queries for every model and masking.
-  seqio.TaskRegistry.add(
+  common.add_task(
       task_names.held_out(corpus),
       source=seqio.FunctionDataSource(
           functools.partial(annotated_blocks, corpus), splits=('validation',)),
       preprocessors=[every_span_preprocessor],
       output_features=OUTPUT_FEATURES)
 
-
-for _corpus in common.CORPORA:
-  register(_corpus)
