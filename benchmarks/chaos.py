@@ -407,11 +407,11 @@ def _passed(checks: dict) -> bool:
 def build_corpus(root: str) -> None:
   """The first 60 Wikipedia leads as `wiki_leads`, salient spans marked."""
   # pylint: disable=g-import-not-at-top
-  from realm_jax import embedded
+  from realm_jax import default_files
   from realm_jax.data import corpus, salient_spans
   from realm_jax.data.tokenization import WordPieceTokenizer
-  tokenizer = WordPieceTokenizer(embedded.minilm_vocab())
-  with open(embedded.wiki_leads_json(), encoding='utf-8') as f:
+  tokenizer = WordPieceTokenizer(default_files.minilm_vocab())
+  with open(default_files.wiki_leads_json(), encoding='utf-8') as f:
     leads = dict(list(json.load(f).items())[:60])
   source = os.path.join(root, 'leads.json')
   with open(source, 'w', encoding='utf-8') as f:

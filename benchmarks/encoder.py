@@ -137,9 +137,9 @@ def minilm_dir() -> str | None:
   bundled = os.path.join(REPOSITORY, 'bundle', 'minilm')
   if os.path.exists(os.path.join(bundled, 'model.safetensors')):
     return bundled
-  from realm_jax import embedded, errors  # pylint: disable=g-import-not-at-top
+  from realm_jax import default_files, errors  # pylint: disable=g-import-not-at-top
   try:
-    return embedded.minilm_dir()
+    return default_files.minilm_dir()
   except errors.NotFound:
     return None
 
@@ -329,13 +329,13 @@ def _release_torch_memory():
 
 def run(options) -> list[dict]:
   quick = options.quick
-  from realm_jax import embedded  # pylint: disable=g-import-not-at-top
+  from realm_jax import default_files  # pylint: disable=g-import-not-at-top
   threads = os.cpu_count()
   if quick:
-    return _compare('minilm-l6', embedded.minilm_dir(), (128,), batch=8,
+    return _compare('minilm-l6', default_files.minilm_dir(), (128,), batch=8,
                     calls=3, threads=threads)
   rows = [_matmul_row(threads)]
-  rows += _compare('minilm-l6', embedded.minilm_dir(), LENGTHS, batch=32,
+  rows += _compare('minilm-l6', default_files.minilm_dir(), LENGTHS, batch=32,
                    calls=7, threads=threads)
   with tempfile.TemporaryDirectory() as directory:
     try:

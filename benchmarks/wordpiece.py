@@ -22,7 +22,7 @@ import time
 import tokenizers
 
 from benchmarks.run import table
-from realm_jax import embedded
+from realm_jax import default_files
 from realm_jax.data import block_store, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 
@@ -77,7 +77,7 @@ def _parting(words: list[str], reference: list[int], other: list[int]
 
 def measure(corpus_dir: str, qa_files=(), vocab: str | None = None
             ) -> list[dict]:
-  vocab = vocab or os.fspath(embedded.task_vocab())
+  vocab = vocab or os.fspath(default_files.task_vocab())
   store = block_store.open_store(corpus_dir)
   blocks = range(store.num_blocks)
   rows = [compare('titles', [store.title(i) for i in blocks], vocab),

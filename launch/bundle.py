@@ -200,11 +200,11 @@ def _minilm(target: pathlib.Path, room: int) -> dict:
   they fit in `room` bytes, else in float16: half the bytes, and what
   `pretrained.load_bert_params` reads (its safetensors reader has no
   bfloat16), 8x closer to MiniLM's float32 than bfloat16 is."""
-  from realm_jax import embedded  # pylint: disable=g-import-not-at-top
-  source = pathlib.Path(embedded.minilm_dir())
+  from realm_jax import default_files  # pylint: disable=g-import-not-at-top
+  source = pathlib.Path(default_files.minilm_dir())
   target.mkdir()
   shutil.copyfile(source / 'config.json', target / 'config.json')
-  shutil.copyfile(embedded.task_vocab(), target / 'vocab.txt')
+  shutil.copyfile(default_files.task_vocab(), target / 'vocab.txt')
   weights = source / 'model.safetensors'
   if _size(weights) + _size(target) <= room:
     shutil.copyfile(weights, target / 'model.safetensors')

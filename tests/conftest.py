@@ -20,7 +20,7 @@ import pytest
 from etils import epath
 from etils.epath import backend, gpath, register
 
-from realm_jax import embedded
+from realm_jax import default_files
 from realm_jax.models.bert import BertConfig
 from tests.helpers import (RETRIEVAL, build_leads_corpus, train_tiny,
                            zebra_data)
@@ -72,7 +72,7 @@ def _fresh_signal_handlers():
 
 @pytest.fixture(scope='session')
 def minilm_dir() -> str:
-  return embedded.minilm_dir()
+  return default_files.minilm_dir()
 
 
 @pytest.fixture(scope='session')

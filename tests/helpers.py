@@ -14,7 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from realm_jax import checksums, embedded, main, run_directory
+from realm_jax import checksums, default_files, main, run_directory
 from realm_jax.data import corpus, open_qa, salient_spans
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
@@ -103,7 +103,7 @@ def build_leads_corpus(root, tokenizer, num_leads: int,
                        validation_per_mille: int) -> str:
   """The first `num_leads` Wikipedia leads, built and annotated as
   `wiki_leads` under `root`; returns root (what REALM_CORPUS_DIR points at)."""
-  with open(embedded.wiki_leads_json(), encoding='utf-8') as f:
+  with open(default_files.wiki_leads_json(), encoding='utf-8') as f:
     leads = dict(list(json.load(f).items())[:num_leads])
   source = root / 'leads.json'
   source.write_text(json.dumps(leads), encoding='utf-8')

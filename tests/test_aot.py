@@ -36,7 +36,7 @@ def _prepared(tmp_path, batch_size: int):
   trainer = Trainer(run.objective,
                     partitioning.make_mesh(devices=jax.devices()[:4]), 10)
   state = trainer.initial_state()
-  preparer = run.batch_preparer(str(tmp_path), trainer.mesh)
+  preparer = run.input_preparer(str(tmp_path), trainer.mesh)
   preparer.start(state.params, 0)
   examples = next(SeqioSource().batches(run.task, 'train', run.shapes,
                                          batch_size))
@@ -62,7 +62,7 @@ def test_lowered_step_is_the_step_and_its_inputs_are_what_prepare_gives(
 def test_ict_abstract_inputs_are_what_prepare_gives(tmp_path):
   run = run_kinds.Ict(query_length=16, block_length=64, bert_dir='')
   examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
-  inputs, _ = run.batch_preparer(str(tmp_path), None).prepare(
+  inputs, _ = run.input_preparer(str(tmp_path), None).prepare(
       examples, None, 0)
   assert _shapes(run.objective.abstract_inputs(8, 288)) == _shapes(inputs)
 

@@ -15,7 +15,7 @@ import pytest
 from safetensors import safe_open
 
 from launch import bundle
-from realm_jax import checksums, embedded, errors
+from realm_jax import checksums, default_files, errors
 from realm_jax.data import block_store, corpus
 from realm_jax.models import pretrained
 from tests import test_tf_free
@@ -61,7 +61,7 @@ def test_the_bundle_holds_every_part_under_the_limit(built, small_corpus):
   fingerprint = source['corpus_fingerprint']
   assert manifest['corpus_fingerprints'] == {'wiki_leads': fingerprint}
   assert manifest['vocab_fingerprint'] == source['vocab_hash'] == (
-      corpus.vocab_hash(embedded.task_vocab()))
+      corpus.vocab_hash(default_files.task_vocab()))
   assert manifest['git_commit']
   assert os.listdir(built / 'wheels') == ['stand_in-1.0-py3-none-any.whl']
   # The corpus is its metadata and block store: no TFRecord shard.
@@ -114,7 +114,7 @@ def test_minilm_travels_in_float16_and_loads_back_as_float32(built):
   assert _manifest(built)['parts']['minilm']['dtype'] == 'float16'
   config = pretrained.config_from_hf(built / 'minilm' / 'config.json')
   carried = pretrained.load_bert_params(str(built / 'minilm'), config)
-  original = pretrained.load_bert_params(embedded.minilm_dir(), config)
+  original = pretrained.load_bert_params(default_files.minilm_dir(), config)
   for got, want in zip(jax.tree.leaves(carried), jax.tree.leaves(original)):
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want.astype(np.float16).astype(

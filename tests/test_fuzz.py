@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from launch import config as config_lib
 from realm_jax import main
+from realm_jax.cli import common
 from realm_jax.data import corpus, open_qa, sources
 from realm_jax.data.skips import SkipReport
 
@@ -640,7 +641,7 @@ BAD_VALUE = st.one_of(
 def _gin_command_line(flag: str):
   """The `embed` command's arguments after `--gin.` flags become bindings,
   as `main` reads them."""
-  return main._parser().parse_args(main._gin_flags(['embed', flag]))
+  return main._parser().parse_args(common.gin_flags(['embed', flag]))
 
 
 @fuzz(100)
@@ -650,7 +651,7 @@ def test_valid_gin_bindings_are_taken(binding):
   flag_binding, name, value = binding
   gin.clear_config()
   try:
-    main._parse_gin(_gin_command_line(f'--gin.{flag_binding}'))
+    common.parse_gin(_gin_command_line(f'--gin.{flag_binding}'))
     assert gin.query_parameter(name) == value
   finally:
     gin.clear_config()
@@ -666,7 +667,7 @@ def test_bad_gin_bindings_are_refused_by_name(name, value):
     (binding,) = args.gin_bindings
     assert binding == f'{name} = {value}'
     try:
-      main._parse_gin(args)
+      common.parse_gin(args)
     except ValueError as error:
       assert repr(binding) in str(error)
   finally:

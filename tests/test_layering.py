@@ -1,7 +1,7 @@
 """Imports flow one way across the whole tree (docs/architecture.md): shared
 utilities -> data -> models and the input layer -> index and training ->
-evaluation -> the experiments and the command line -> launch/ ->
-benchmarks/. Every import counts, including those inside functions."""
+evaluation -> the experiments -> the commands -> the command line ->
+launch/ -> benchmarks/. Every import counts, including those inside functions."""
 
 import ast
 import pathlib
@@ -15,12 +15,12 @@ PACKAGE = REPO / 'realm_jax'
 # The tree's packages: the library, and what runs from a checkout above it.
 TREE = ('realm_jax', 'launch', 'benchmarks')
 # Top-level modules every layer may use; they import none of the layers.
-SHARED = {'checksums', 'distributed', 'errors', 'extras', 'progress', 'embedded',
-          'quiet', 'run_directory', 'run_guard', 'stage_plan'}
+SHARED = {'checksums', 'default_files', 'distributed', 'errors', 'extras',
+          'progress', 'quiet', 'run_directory', 'run_guard', 'stage_plan'}
 LAYERS = {'data': 1, 'models': 2, 'input': 2, 'index': 3, 'training': 3,
           'evaluation': 4, 'released': 4, 'launch_local': 4, 'aot': 5,
-          'experiments': 5, 'repeats': 5, 'record': 5, 'main': 6,
-          'launch': 7, 'benchmarks': 8}
+          'experiments': 5, 'repeats': 5, 'record': 5, 'cli': 6, 'main': 7,
+          'launch': 8, 'benchmarks': 9}
 
 
 def _module(path: pathlib.Path) -> str:
@@ -138,7 +138,7 @@ def test_only_the_input_layer_names_the_source_kinds():
 
 
 def test_only_the_command_line_and_the_run_loader_touch_gins_global_state():
-  allowed = {'realm_jax.main', 'realm_jax.training.run_loader'}
+  allowed = {'realm_jax.cli.common', 'realm_jax.training.run_loader'}
   touching = {_module(path) for path in LIBRARY
               if any(call in path.read_text()
                      for call in ('gin.clear_config', 'gin.query_parameter'))}

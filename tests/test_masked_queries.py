@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_jax import checksums, embedded, errors
+from realm_jax import checksums, default_files, errors
 from realm_jax.data import (block_store, corpus, example_arrays,
                             masked_queries, masking, salient_spans,
                             span_arrays, task_names)
@@ -282,7 +282,7 @@ def test_a_corpus_without_spans_reads_the_queries_exported_in_its_name(
               'mlm_targets': [7], 'block_id': i} for i in range(4))
   written = example_arrays.write(
       example_arrays.directory(task, 'train', str(tmp_path)), queries, SHAPES,
-      vocab_fingerprint=corpus.vocab_hash(embedded.task_vocab()))
+      vocab_fingerprint=corpus.vocab_hash(default_files.task_vocab()))
   source = arrays.ArraysSource(str(tmp_path))
   assert arrays.draws(task, 'train', str(tmp_path)) is None
   assert source.position(task, 1) == {

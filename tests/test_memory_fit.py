@@ -29,7 +29,7 @@ def _prepare(tmp_path_factory):
   trainer = Trainer(run.objective,
                     partitioning.make_mesh(devices=jax.devices()[:2]), 10)
   state = trainer.initial_state()
-  preparer = run.batch_preparer(str(tmp_path_factory.mktemp('run')),
+  preparer = run.input_preparer(str(tmp_path_factory.mktemp('run')),
                                 trainer.mesh)
   preparer.start(state.params, 0)
   examples = next(SeqioSource().batches(run.task, 'train', run.shapes,

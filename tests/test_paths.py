@@ -70,7 +70,7 @@ def test_a_corpus_reads_from_a_remote_dir(ram, small_corpus):
 LOCAL_ONLY = {'open', 'os.makedirs', 'os.path.exists', 'os.path.isdir',
               'os.path.isfile', 'os.path.getsize', 'os.replace', 'os.listdir',
               'os.remove', 'shutil.rmtree', 'shutil.copytree'}
-ALLOWED = {'embedded.py': 'the installed packages of the embedded default',
+ALLOWED = {'default_files.py': 'the installed packages of the embedded default',
            'launch_local.py': "its jobs' logs: local files a process writes "
                               'to (a gs:// model_dir keeps them in runs/logs)'}
 

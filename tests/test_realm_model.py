@@ -15,7 +15,7 @@ from realm_jax.models import reader as reader_lib
 from realm_jax.models.bert import Bert
 from realm_jax.models.realm import Realm
 from realm_jax.models.retriever import Retriever, init_retriever_params
-from realm_jax.training import batches, objectives
+from realm_jax.training import objectives, step_inputs
 
 pytestmark = pytest.mark.unit
 
@@ -108,7 +108,7 @@ def test_gold_spans_are_every_occurrence_of_every_answer():
 
 
 def test_the_beams_answer_rule_is_the_gold_span_rule_on_the_host():
-  """`batches.blocks_holding_answers` (ORQA's beam, host) says a block holds
+  """`step_inputs.blocks_holding_answers` (ORQA's beam, host) says a block holds
   an answer exactly where `gold_span_mask` (the read blocks, device) finds
   a gold span, on random wordpieces over a 5-token vocabulary."""
   rng = np.random.default_rng(3)
@@ -116,7 +116,7 @@ def test_the_beams_answer_rule_is_the_gold_span_rule_on_the_host():
   searchable = rng.random((4, 16, 12)) < 0.8
   answers = rng.integers(1, 6, (4, 3, 3)) * (
       np.arange(3) < rng.integers(0, 4, (4, 3, 1)))  # 0 to 3 wordpieces.
-  held = batches.blocks_holding_answers(token_ids, searchable, answers)
+  held = step_inputs.blocks_holding_answers(token_ids, searchable, answers)
   gold = np.asarray(reader_lib.gold_span_mask(
       token_ids, searchable, answers, answers > 0, max_span_width=3))
   np.testing.assert_array_equal(held, gold.any(axis=(2, 3)))

@@ -62,14 +62,14 @@ def test_recall_at_8_on_real_corpus_embeddings(tmp_path, tokenizer, minilm_dir):
   import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from realm_jax import embedded  # pylint: disable=g-import-not-at-top
+  from realm_jax import default_files  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
   from realm_jax.data.open_corpus import OpenCorpus  # pylint: disable=g-import-not-at-top
   from realm_jax.index.embed import DocumentEmbedder  # pylint: disable=g-import-not-at-top
   from realm_jax.models import pretrained  # pylint: disable=g-import-not-at-top
   from realm_jax.models.retriever import Retriever, init_retriever_params  # pylint: disable=g-import-not-at-top
 
-  with open(embedded.wiki_leads_json(), encoding='utf-8') as f:
+  with open(default_files.wiki_leads_json(), encoding='utf-8') as f:
     leads = dict(list(json.load(f).items())[:1_300])
   (tmp_path / 'leads.json').write_text(json.dumps(leads), encoding='utf-8')
   corpus.build_corpus(str(tmp_path / 'corpus'), tokenizer,

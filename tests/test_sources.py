@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from realm_jax import embedded
+from realm_jax import default_files
 from realm_jax.data import sources
 
 pytestmark = pytest.mark.unit
 
 
 def test_reads_every_embedded_lead():
-  articles = list(sources.read_wiki_leads(embedded.wiki_leads_json()))
+  articles = list(sources.read_wiki_leads(default_files.wiki_leads_json()))
   assert len(articles) == 10_033
   assert all(a.title and a.text for a in articles)
 

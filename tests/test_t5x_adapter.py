@@ -20,7 +20,7 @@ from realm_jax.data import metrics
 from realm_jax.evaluation.t5x_adapter import (RealmQAModel, best_answers,
                                               top_k_inner_products)
 from realm_jax.index.exact import exact_search
-from realm_jax.training.batches import token_arrays
+from realm_jax.training.step_inputs import token_arrays
 from realm_jax.input.tasks import open_qa as open_qa_tasks
 from tests import helpers
 

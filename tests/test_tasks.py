@@ -7,7 +7,7 @@ import seqio
 from realm_jax.data import metrics, open_qa
 from realm_jax.input import qa_features, tasks
 from realm_jax.input.tasks import open_qa as open_qa_tasks
-from realm_jax.training import batches
+from realm_jax.training import step_inputs
 from tests.helpers import DATA_DIR, needs_data
 
 PRETRAIN = [f'realm_pretrain_wiki_leads_{m}' for m in
@@ -157,7 +157,7 @@ def test_a_qa_file_s_questions_read_without_seqio_get_seqio_s_ids(tmp_path,
   seqio_ids = np.stack([f['query_token_ids'] for _, f in
                         evaluator.cached_model_datasets[name]
                         .as_numpy_iterator()])
-  ids = open_qa.query_token_ids(batches.task_tokenizer(),
+  ids = open_qa.query_token_ids(step_inputs.task_tokenizer(),
                                 [q for q, _ in open_qa.load_file(path)],
                                 length)
   np.testing.assert_array_equal(ids, seqio_ids)

@@ -16,7 +16,7 @@ from realm_jax import main, run_directory
 from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.models import pretrained
 from realm_jax.input.seqio_source import SeqioSource
-from realm_jax.training import batches, partitioning, run_kinds
+from realm_jax.training import partitioning, run_kinds, step_inputs
 from realm_jax.training.trainer import Trainer
 from realm_jax.input.tasks import open_qa as open_qa_tasks
 from tests.helpers import (DATA_DIR, REPO, RETRIEVAL, TINY, bind_tiny,
@@ -44,7 +44,7 @@ def test_sharded_step_equals_single_device_step(tmp_path):
       run.objective, partitioning.make_mesh(data, model, devices), 10)
   single = make(jax.devices()[:1], 1, 1)
   state = single.initial_state()
-  preparer = run.batch_preparer(str(tmp_path), single.mesh)
+  preparer = run.input_preparer(str(tmp_path), single.mesh)
   preparer.start(state.params, 0)
   examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
   inputs, _ = preparer.prepare(examples, state.params, 0)
@@ -91,7 +91,7 @@ def test_a_frozen_retriever_keeps_its_start_and_costs_no_backward_pass(
                              train_retriever=trained)
     trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
     state = trainer.initial_state()
-    preparer = run.batch_preparer(str(tmp_path / str(trained)), trainer.mesh)
+    preparer = run.input_preparer(str(tmp_path / str(trained)), trainer.mesh)
     preparer.start(state.params, 0)
     examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
     inputs, _ = preparer.prepare(examples, state.params, 0)
@@ -117,7 +117,7 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
                            source_block_rate=0.5)
   trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
   state = trainer.initial_state()
-  preparer = run.batch_preparer(str(tmp_path), trainer.mesh)
+  preparer = run.input_preparer(str(tmp_path), trainer.mesh)
   preparer.start(state.params, 0)  # No index: none is built.
   examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
   read = []
@@ -189,7 +189,7 @@ def test_bf16_compute_keeps_fp32_parameters_and_loss(tmp_path):
                     partitioning.make_mesh(devices=jax.devices()[:1]), 10)
   state = trainer.initial_state()
   examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
-  inputs, _ = run.batch_preparer(str(tmp_path), trainer.mesh).prepare(
+  inputs, _ = run.input_preparer(str(tmp_path), trainer.mesh).prepare(
       examples, state.params, 0)
   state, metrics = trainer.step(state, inputs)
   assert run.objective.retriever.config.dtype == jax.numpy.bfloat16
@@ -211,7 +211,7 @@ def test_prefetch_retrieves_with_the_parameters_the_step_before_starts_from(
       for leaf in jax.tree.leaves(params['retriever'])))
   starts, embedded = [], []
   real_step = Trainer.step
-  real_dispatch = batches.MaskedLmBatches.dispatch_prepare
+  real_dispatch = step_inputs.MaskedLmInputs.dispatch_prepare
 
   def step(self, state, inputs):
     starts.append(fingerprint(state.params))
@@ -222,7 +222,7 @@ def test_prefetch_retrieves_with_the_parameters_the_step_before_starts_from(
     return real_dispatch(self, examples, params, step)
 
   monkeypatch.setattr(Trainer, 'step', step)
-  monkeypatch.setattr(batches.MaskedLmBatches, 'dispatch_prepare',
+  monkeypatch.setattr(step_inputs.MaskedLmInputs, 'dispatch_prepare',
                       dispatch_prepare)
   train_tiny(str(tmp_path / 'run'), 'pretrain', *RETRIEVAL,
              '--gin.train.num_steps=5', '--gin.train.checkpoint_every=2',

@@ -10,7 +10,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 from hypothesis import strategies as st
 
-from realm_jax import embedded
+from realm_jax import default_files
 from realm_jax.data import sources, wordpiece
 from realm_jax.data.tokenization import WordPieceTokenizer
 
@@ -106,7 +106,7 @@ def test_decode_equals_detokenize(tokenizer, ids):
 
 
 def test_wikipedia_leads_equal_tf_text(tokenizer, fast_bert):
-  articles = list(sources.read_wiki_leads(embedded.wiki_leads_json()))[:2000]
+  articles = list(sources.read_wiki_leads(default_files.wiki_leads_json()))[:2000]
   texts = [a.text for a in articles] + [a.title for a in articles]
   # One assert per list: a mismatch names its text without printing all.
   expected = tokenizer.tokenize(texts).to_list()

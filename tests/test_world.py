@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from realm_jax import embedded, errors
+from realm_jax import default_files, errors
 from realm_jax.data import world
 from realm_jax.data.tokenization import WordPieceTokenizer
 
@@ -21,7 +21,7 @@ SMALL = world.WorldSpec(people=60, no_document=5, edited=5, first_names=6,
 
 @pytest.fixture(scope='module')
 def tokenizer():
-  return WordPieceTokenizer(embedded.task_vocab())
+  return WordPieceTokenizer(default_files.task_vocab())
 
 
 @pytest.mark.unit
@@ -148,7 +148,7 @@ def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):
   - the retriever's gradient cut (`stop_gradient` on the relevance scores
     in `MarginalMaskedLm`): recall@1 stays at its start's, 59.2%;
   - the candidates shuffled against their queries in training (each
-    query's rolled to the next one's in `MaskedLmBatches`): recall@1
+    query's rolled to the next one's in `MaskedLmInputs`): recall@1
     falls to 4.2%;
   - the trainer never taking a new index (`IndexClient.maybe_refresh`
     keeping its first): recall@1 85.8%, below start + 30 points (and its

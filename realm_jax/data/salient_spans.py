@@ -21,7 +21,7 @@ from typing import Iterator
 import tensorflow as tf
 from etils import epath
 
-from realm_jax import embedded
+from realm_jax import default_files
 from realm_jax.data import corpus
 from realm_jax.data.skips import SkipReport
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -68,7 +68,7 @@ def _byte_offsets(text: str) -> list[int]:
 def load_tagger(model_dir: str | None = None):
   import spacy  # pylint: disable=g-import-not-at-top
   # Sentences come from the corpus; only the tagger's NER is needed.
-  return spacy.load(model_dir or embedded.ner_model_dir(),
+  return spacy.load(model_dir or default_files.ner_model_dir(),
                     exclude=['tagger', 'parser', 'attribute_ruler',
                              'lemmatizer', 'senter'])
 

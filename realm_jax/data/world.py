@@ -31,7 +31,7 @@ import tempfile
 import numpy as np
 from etils import epath
 
-from realm_jax import embedded, errors
+from realm_jax import default_files, errors
 from realm_jax.data import corpus, example_arrays, task_names
 from realm_jax.data.tokenization import WordPieceTokenizer
 
@@ -351,7 +351,7 @@ def write(world: World, corpus_name: str = 'world', query_length: int = 24,
   its query arrays: training queries (train split; its validation split and
   the held-out task hold the held-out people's) and the people without a
   document. Returns the corpus metadata."""
-  tokenizer = WordPieceTokenizer(embedded.task_vocab())
+  tokenizer = WordPieceTokenizer(default_files.task_vocab())
   directory = corpus.corpus_dir(corpus_name)
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, f'{corpus_name}.jsonl')

@@ -85,7 +85,7 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   restored = RestoredRun(model_dir, step, gin_files, gin_bindings,
                          reader='Pretrain')
   run = restored.run
-  preparer = run.batch_preparer(restored.model_dir, restored.mesh)
+  preparer = run.input_preparer(restored.model_dir, restored.mesh)
   preparer.retrieval.index_at(restored.step, restored.params['retriever'])
   preparer.keep_candidate_ids = True
   per_example = jax.jit(run.objective.per_example)

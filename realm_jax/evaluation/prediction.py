@@ -27,7 +27,7 @@ from realm_jax.models import losses
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
 from realm_jax.models.reader import BEST_SPAN, span_mask
 from realm_jax.progress import Stopwatch
-from realm_jax.training import batches, partitioning
+from realm_jax.training import partitioning, step_inputs
 from realm_jax.training.run_loader import load_run
 
 MASK = '[MASK]'
@@ -136,7 +136,7 @@ class RestoredRun:
     with self.stopwatch('parameters'):
       self.step, self.params = run_directory.restore_params(
           self.model_dir, step, towers)
-    self.tokenizer = batches.task_tokenizer()
+    self.tokenizer = step_inputs.task_tokenizer()
     self.retrieval = None
     self._texts = None
 
@@ -166,7 +166,7 @@ class ClozePredictor(RestoredRun):
     super().__init__(model_dir, gin_files=gin_files, gin_bindings=gin_bindings,
                      reader='Pretrain')
     with self.stopwatch('retrieval'):
-      self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
+      self.preparer = self.run.input_preparer(self.model_dir, self.mesh)
       self.retrieval = self.preparer.retrieval
       self.retrieval.client.maybe_refresh()
     model = self.run.objective.model
@@ -184,7 +184,7 @@ class ClozePredictor(RestoredRun):
     mlm_positions = np.zeros((1, self.run.shapes['mlm_positions'][0]),
                              np.int32)
     mlm_positions[0, :len(positions)] = positions
-    query = batches.token_arrays(query_ids)
+    query = step_inputs.token_arrays(query_ids)
     blocks, candidate_mask, candidate_ids = self.retrieval.candidates(
         self.retrieval.query_embeddings(self.params['retriever'], query),
         np.array([NULL_DOCUMENT_ID]))  # Nothing excluded.
@@ -284,13 +284,13 @@ class QAPredictor(RestoredRun):
         not self.run.objective.train_document_tower)
     with self.stopwatch('retrieval'):
       if self.reads:
-        self.preparer = self.run.batch_preparer(self.model_dir, self.mesh)
+        self.preparer = self.run.input_preparer(self.model_dir, self.mesh)
         self.retrieval = self.preparer.retrieval
         self.num_candidates = self.run.objective.num_candidates
         self._read = jax.jit(functools.partial(
             read_answers, self.run.objective.model, top_spans=top_spans))
       else:
-        self.retrieval = batches.corpus_retrieval(
+        self.retrieval = step_inputs.corpus_retrieval(
             self.model_dir, self.mesh, self.run.retriever(), self.tokenizer,
             self.run.corpus_name, top_k, block_length=self.run.block_length)
         self.preparer, self.num_candidates = None, 0

@@ -30,7 +30,7 @@ from realm_jax.data import answer_matching, corpus, metrics, open_qa
 from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import QAPredictor
 from realm_jax.progress import Progress
-from realm_jax.training.batches import token_arrays
+from realm_jax.training.step_inputs import token_arrays
 
 # The k of top-k accuracy, DPR's and Pyserini's (k past what a run
 # retrieves left out).

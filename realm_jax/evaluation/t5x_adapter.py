@@ -133,7 +133,7 @@ def best_answers(log_p_z, span_log_probs, span_starts, span_widths,
 
 
 def _query(token_ids) -> dict:
-  """`batches.token_arrays` of the questions, traceable."""
+  """`step_inputs.token_arrays` of the questions, traceable."""
   token_ids = jnp.asarray(token_ids, jnp.int32)
   return {'token_ids': token_ids,
           'input_mask': (token_ids != 0).astype(jnp.int32),

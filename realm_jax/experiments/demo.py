@@ -46,7 +46,8 @@ import time
 from etils import epath
 
 from realm_jax import launch_local
-from realm_jax import embedded, errors, repeats, run_directory, stage_plan
+from realm_jax import (default_files, errors, repeats, run_directory,
+                       stage_plan)
 from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
@@ -224,9 +225,9 @@ def _train(model_dir: str, run: str, setup: str, *flags: str) -> None:
 def build_corpus() -> dict:
   from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   directory = corpus.corpus_dir('wiki_leads')
-  tokenizer = WordPieceTokenizer(embedded.minilm_vocab())
+  tokenizer = WordPieceTokenizer(default_files.minilm_vocab())
   corpus.build_corpus(directory, tokenizer,
-                      wiki_leads_json=embedded.wiki_leads_json())
+                      wiki_leads_json=default_files.wiki_leads_json())
   stats = salient_spans.annotate_corpus(directory, tokenizer,
                                         num_processes=os.cpu_count() or 1,
                                         validation_per_mille=50)

@@ -264,13 +264,13 @@ def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
   then their edited facts asked with the new values and with the old ones
   as targets. No training step runs."""
   from realm_jax.index import corpus_sync  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import batches  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import step_inputs  # pylint: disable=g-import-not-at-top
   the_world = world.World(sizes.spec)
   edits = the_world.edits()
   people = {p.name: p for p in the_world.people}
   directory = corpus.corpus_dir(CORPUS)
   loaded = run_loader.load_run(model_dir)
-  tokenizer = batches.task_tokenizer()
+  tokenizer = step_inputs.task_tokenizer()
   corpus_changes.recover(directory)
   # The world is built unchanged: a change there is this stage's, swapped
   # in before a kill.

@@ -10,7 +10,7 @@ the stream (`data.masked_queries`).
 import jax
 from etils import epath
 
-from realm_jax import embedded
+from realm_jax import default_files
 from realm_jax.data import (block_store, corpus, example_arrays,
                             masked_queries, span_arrays, task_names)
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -42,11 +42,11 @@ def draws(task: str, split: str, root: str | None = None
   corpus_dir = corpus.corpus_dir(corpus_name)
   spans = span_arrays.SpanArrays(path, block_store.open_store(corpus_dir))
   spans.check(
-      vocab_fingerprint=corpus.vocab_hash(embedded.task_vocab()),
+      vocab_fingerprint=corpus.vocab_hash(default_files.task_vocab()),
       corpus_fingerprint=corpus.load_metadata(corpus_dir)[
           'corpus_fingerprint'])
   return masked_queries.Draws(spans, masking,
-                              WordPieceTokenizer(embedded.task_vocab()))
+                              WordPieceTokenizer(default_files.task_vocab()))
 
 
 class ArraysSource(Source):
@@ -64,7 +64,7 @@ class ArraysSource(Source):
     and (for a corpus's task) the corpus as it is now."""
     arrays = example_arrays.ExampleArrays(
         example_arrays.directory(task, split, self.root))
-    expected = {'vocab_fingerprint': corpus.vocab_hash(embedded.task_vocab())}
+    expected = {'vocab_fingerprint': corpus.vocab_hash(default_files.task_vocab())}
     if arrays.metadata.get('corpus_name'):
       expected['corpus_fingerprint'] = corpus.load_metadata(corpus.corpus_dir(
           arrays.metadata['corpus_name']))['corpus_fingerprint']

@@ -1,5 +1,5 @@
 """The seqio feature converter of Open-QA tasks (the TensorFlow extra):
-what `qa_evaluation` hands seqio.Evaluator, and the t5x adapter extends."""
+what a t5x-style seqio.Evaluator hands a model, and the t5x adapter extends."""
 
 import seqio
 import tensorflow as tf

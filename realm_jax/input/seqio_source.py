@@ -12,7 +12,7 @@ TF-free source reads (`realm_jax.input.arrays`).
 import jax
 import numpy as np
 
-from realm_jax import embedded, extras
+from realm_jax import default_files, extras
 from realm_jax.data import (block_store, corpus, example_arrays,
                             masked_queries, metrics, span_arrays, task_names)
 from realm_jax.data.tokenization import WordPieceTokenizer
@@ -101,7 +101,7 @@ class SeqioSource(Source):
     parsed = task_names.masked_lm(task)
     if parsed is not None:
       corpus_name, masking = parsed
-      tokenizer = WordPieceTokenizer(embedded.task_vocab())
+      tokenizer = WordPieceTokenizer(default_files.task_vocab())
       span_arrays.write(corpus_name, split, tokenizer, root)
       spans = span_arrays.SpanArrays(
           span_arrays.directory(corpus_name, split, root),
@@ -110,7 +110,7 @@ class SeqioSource(Source):
               'count': masked_queries.Draws(spans, masking, tokenizer).count}
     dataset = _task_dataset(task, split, shapes, seed, False, 1, keep=strings)
     metadata = {**(metadata or {}), 'task': task, 'split': split, 'seed': seed,
-                'vocab_fingerprint': corpus.vocab_hash(embedded.task_vocab())}
+                'vocab_fingerprint': corpus.vocab_hash(default_files.task_vocab())}
     if corpus_name:
       metadata['corpus_name'] = corpus_name
       metadata['corpus_fingerprint'] = corpus.load_metadata(

@@ -7,7 +7,9 @@ kill, past the checkpoint it resumes from), so each step's row is written
 exactly once whatever was killed when.
 
 Nothing here imports TensorFlow: the event files are encoded by hand, so
-that training machines need neither TensorFlow nor clu.
+that training machines need neither TensorFlow nor clu. (tensorboardX
+writes the same records, but reaches gs:// only through
+google-cloud-storage; these go through epath, as every file of a run does.)
 """
 
 import contextlib

@@ -4,7 +4,7 @@ An objective, in the spirit of t5x's `BaseModel`, holds the Flax modules of
 one run kind, initializes their parameters, computes the loss of a batch of
 prepared inputs, describes those inputs as shapes, and says which parameters
 stay frozen. It reads no file and no index: retrieval is the batch
-preparer's (`batches`), warm starts are `warm_start`'s. So the step compiles
+preparer's (`step_inputs`), warm starts are `warm_start`'s. So the step compiles
 ahead of time from an objective alone (`aot`), and this module imports
 neither TensorFlow nor seqio.
 """
@@ -29,7 +29,7 @@ def _abstract(shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
 
 
 def _abstract_tokens(*shape) -> dict:
-  """What `batches.token_arrays` gives, as shapes."""
+  """What `step_inputs.token_arrays` gives, as shapes."""
   return {k: _abstract(shape) for k in TOKEN_KEYS}
 
 

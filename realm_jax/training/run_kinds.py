@@ -2,7 +2,7 @@
 
 A run kind is the gin-configured description of a run: which seqio task
 feeds it and at which shapes, its objective (`objectives`: the modules and
-the loss), the batch preparer that feeds the objective (`batches`: where
+the loss), the input preparer that feeds the objective (`step_inputs`: where
 retrieval runs), and how its parameters start (`warm_start`). Parameters are
 always {'retriever': ..., 'reader': ...} (ICT has no reader), so every
 checkpoint's `retriever_params` item is what the index builder and the next
@@ -18,7 +18,7 @@ from realm_jax.data import open_qa, task_names
 from realm_jax.models import losses
 from realm_jax.models.reader import check_answer_rule
 from realm_jax.models.realm import build_realm, model_retriever
-from realm_jax.training import batches, objectives, warm_start
+from realm_jax.training import objectives, step_inputs, warm_start
 from realm_jax.training.warm_start import WarmStart
 
 
@@ -66,7 +66,7 @@ class RunKind:
     """The towers' module; its parameters are the run's 'retriever'."""
     return model_retriever(self.objective.model)
 
-  def batch_preparer(self, model_dir: str, mesh) -> batches.BatchPreparer:
+  def input_preparer(self, model_dir: str, mesh) -> step_inputs.InputPreparer:
     """The preparer of this run's batches, reading model_dir's indexes."""
     raise NotImplementedError
 
@@ -101,9 +101,9 @@ class Ict(RunKind):
   def retriever(self):
     return self.objective.retriever
 
-  def batch_preparer(self, model_dir, mesh):
+  def input_preparer(self, model_dir, mesh):
     del model_dir, mesh  # Nothing is retrieved.
-    return batches.InverseClozeBatches()
+    return step_inputs.InverseClozeInputs()
 
 
 @gin.configurable
@@ -193,8 +193,8 @@ class Pretrain(RunKind):
         task_names.held_out(self.corpus_name), 'validation', self.shapes,
         self.corpus_name)]
 
-  def batch_preparer(self, model_dir, mesh):
-    return batches.MaskedLmBatches(
+  def input_preparer(self, model_dir, mesh):
+    return step_inputs.MaskedLmInputs(
         model_dir, mesh, self.objective, self.task, self.corpus_name,
         self.null_document, self.exclude_source, self.source_block_rate)
 
@@ -307,7 +307,7 @@ class Finetune(RunKind):
                                   metadata={'regex': self.regex})
     return list(splits.values())
 
-  def batch_preparer(self, model_dir, mesh):
-    return batches.OpenQaBatches(model_dir, mesh, self.objective, self.task,
+  def input_preparer(self, model_dir, mesh):
+    return step_inputs.OpenQaInputs(model_dir, mesh, self.objective, self.task,
                                  self.corpus_name)
 

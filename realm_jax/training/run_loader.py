@@ -2,7 +2,7 @@
 
 gin's configuration is global; this module and the command line are the
 only places that parse, clear or query it. Everything else receives what
-they build: a `RunKind` (its objective and batch preparer), a batch size, a
+they build: a `RunKind` (its objective and input preparer), a batch size, a
 step count, the source of its examples (chosen here, once). A finished run is rebuilt from the operative config its trainer
 saved (model_dir/config.gin), so `eval`, `ask`, `fill` and the t5x adapter
 need nothing but the directory.

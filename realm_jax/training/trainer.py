@@ -2,7 +2,7 @@
 
 The step is one `jax.jit` with explicit in/out shardings over a ('data',
 'model') mesh and the state donated. The run kind (see `run_kinds`) supplies
-the task and the warm start, its objective the loss, and its batch preparer
+the task and the warm start, its objective the loss, and its input preparer
 the host-side retrieval. The loop
 retrieves each batch while the device runs the step before it, saves
 asynchronous Orbax checkpoints, resumes from the newest one with the data
@@ -29,7 +29,7 @@ from realm_jax.models import target
 from realm_jax.progress import Progress
 from realm_jax.input.source import Source
 from realm_jax.training import optimizer, partitioning
-from realm_jax.training.batches import BatchPreparer
+from realm_jax.training.step_inputs import InputPreparer
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.curves import plot_curves
 from realm_jax.training.metric_writer import (create_writer, drop_rows_after,
@@ -244,12 +244,12 @@ def memory_budget(mesh, fraction: float) -> int | None:
   return int(fraction * (stats['bytes_limit'] - stats.get('bytes_in_use', 0)))
 
 
-def held_out_metrics(run: RunKind, source: Source, preparer: BatchPreparer,
+def held_out_metrics(run: RunKind, source: Source, preparer: InputPreparer,
                      evaluate, mesh, params, step: int, batch_size: int,
                      num_batches: int, seed: int = 0) -> dict:
   """The run's metrics on the first `num_batches` held-out batches (the
   same ones every time): the mean over batches of each batch's metrics,
-  the batch preparer's among them. `evaluate(params, inputs)` is the jitted
+  the input preparer's among them. `evaluate(params, inputs)` is the jitted
   deterministic loss' metrics (`Trainer.evaluate`)."""
   totals, count = {}, 0
   for examples in source.batches(
@@ -345,7 +345,7 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
     run_guard.check_format(model_dir)
     mesh = partitioning.make_mesh()
     trainer = Trainer(run.objective, mesh, num_steps, seed)
-    preparer = run.batch_preparer(model_dir, mesh)
+    preparer = run.input_preparer(model_dir, mesh)
     # Closed however the run ends, before the lock goes.
     checkpoints = held.enter_context(Checkpoints(
         model_dir, checkpoint_every, keep_checkpoints, retriever_every))

@@ -10,7 +10,7 @@ first index instead of embedding the corpus again.
 import logging
 from typing import NamedTuple
 
-from realm_jax import embedded, run_directory
+from realm_jax import default_files, run_directory
 from realm_jax.models import pretrained
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def bert(params, bert_dir: str | None, retriever_config,
   if bert_dir == '':
     return params
   load = lambda config: pretrained.load_bert_params(
-      bert_dir or embedded.minilm_dir(), config)
+      bert_dir or default_files.minilm_dir(), config)
   towers = load(retriever_config)
   reader = (towers if reader_config in (None, retriever_config)
             else load(reader_config))

@@ -4,10 +4,10 @@ import functools
 
 import seqio
 
-from realm_jax import embedded
+from realm_jax import default_files
 from realm_jax.data.vocabulary import WordPieceVocabulary
 
-VOCAB_ENV = embedded.VOCAB_ENV
+VOCAB_ENV = default_files.VOCAB_ENV
 # The embedded default corpus: the Wikipedia leads, built by
 # `realm-jax data build-corpus` into $REALM_CORPUS_DIR/wiki_leads.
 CORPORA = ('wiki_leads',)
@@ -16,7 +16,7 @@ CORPORA = ('wiki_leads',)
 @functools.cache
 def vocabulary() -> WordPieceVocabulary:
   """BERT's uncased vocab ($REALM_VOCAB, else the embedded MiniLM's)."""
-  return WordPieceVocabulary(embedded.task_vocab())
+  return WordPieceVocabulary(default_files.task_vocab())
 
 
 def token_feature(required: bool = True) -> seqio.Feature:

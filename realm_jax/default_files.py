@@ -1,4 +1,5 @@
-"""Where the embedded defaults live: files shipped inside installed packages.
+"""Where the embedded defaults live: the default files (MiniLM, its vocabulary,
+the Wikipedia leads, the NER tagger) shipped inside installed packages.
 
 The packages are found with `importlib.util.find_spec`, which reads their
 location without running them (the MiniLM wheel's __init__ imports nothing

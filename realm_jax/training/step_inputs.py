@@ -1,7 +1,7 @@
 """From a host batch of examples to the step's inputs: where retrieval runs.
 
-A batch preparer turns what the input pipeline gives into the arrays an
-objective's loss reads. For the kinds that read retrieved blocks, it embeds
+An input preparer turns a batch of examples (from the run's source,
+`realm_jax.input`) into the arrays an objective's loss reads. For the kinds that read retrieved blocks, it embeds
 the queries with the current query tower, searches the newest published
 index and gathers the candidates' wordpieces from host memory (see
 `retrieval`). `dispatch_prepare` splits that into the device work, queued at
@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from realm_jax import embedded, errors, run_directory
+from realm_jax import default_files, errors, run_directory
 from realm_jax.data import corpus
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.models.candidates import NULL_DOCUMENT_ID
@@ -34,7 +34,7 @@ def token_arrays(token_ids, token_type_ids=None) -> dict:
 
 def task_tokenizer() -> WordPieceTokenizer:
   """The WordPiece tokenizer of every task's queries and blocks."""
-  return _tokenizer(embedded.task_vocab())
+  return _tokenizer(default_files.task_vocab())
 
 
 @functools.cache
@@ -54,7 +54,7 @@ def corpus_retrieval(model_dir: str, mesh, retriever, tokenizer,
       tokenizer.sep_id, block_length)
 
 
-class BatchPreparer:
+class InputPreparer:
   """Host batches -> the step's inputs (and host-side metrics)."""
 
   def prepare(self, examples: dict, params, step: int):
@@ -79,7 +79,7 @@ class BatchPreparer:
     """Called once training is done."""
 
 
-class InverseClozeBatches(BatchPreparer):
+class InverseClozeInputs(InputPreparer):
   """ICT: in-batch negatives, nothing retrieved."""
 
   def dispatch_prepare(self, examples, params, step):
@@ -90,7 +90,7 @@ class InverseClozeBatches(BatchPreparer):
     return lambda: (inputs, {})
 
 
-class _RetrievingBatches(BatchPreparer):
+class _RetrievingInputs(InputPreparer):
   """Shared by the kinds that read retrieved blocks.
 
   `refreshed`: the index builder re-embeds this run's checkpoints beside
@@ -126,7 +126,7 @@ class _RetrievingBatches(BatchPreparer):
       run_directory.mark_training_done(self.model_dir)
 
 
-class MaskedLmBatches(_RetrievingBatches):
+class MaskedLmInputs(_RetrievingInputs):
   """REALM pre-training: masked queries, the null document and the top-k.
 
   `source_block_rate`: see `run_kinds.Pretrain`. Where the query's own
@@ -211,7 +211,7 @@ def blocks_holding_answers(token_ids, searchable, answer_ids):
   return held
 
 
-class OpenQaBatches(_RetrievingBatches):
+class OpenQaInputs(_RetrievingInputs):
   """Open-QA: questions and their top-k blocks. With the document tower
   frozen (the paper), from the index fine-tuning started with, never
   refreshed, and those blocks' embeddings from that index; with a retriever

@@ -1,0 +1,49 @@
+"""`realm-jax import`: Google's released REALM as a run directory."""
+
+
+
+COMMAND = 'import'
+
+
+def add_parser(command, flags) -> None:
+  del flags
+  released = command(
+      'import', help="Google's released REALM (TF-Hub modules, ORQA "
+      "checkpoints or Hugging Face's port) as a run directory, with a "
+      'published index of the released block embeddings and a corpus of '
+      'the released blocks (docs/released.md).',
+      epilog='e.g. realm-jax import --model_dir=runs/orqa_nq '
+      '--source=orqa_nq_model_from_realm/export/best_default/checkpoint/'
+      'model.ckpt-300000 --block_emb=cc_news_pretrained/embedder/encoded/'
+      'encoded.ckpt --blocks=enwiki-20181220/blocks.tfr '
+      '--titles=enwiki-20181220/titles.tfr')
+  released.add_argument('--model_dir', required=True,
+                        help='The run directory to write (must not exist).')
+  released.add_argument('--source', action='append', required=True,
+                        help='Released weights (repeatable): a TF checkpoint '
+                        'prefix, a TF-Hub module or Hugging Face directory, '
+                        'a .bin or .safetensors file; local or gs://.')
+  released.add_argument('--blocks', required=True,
+                        help='blocks.tfr or block_records.npy.')
+  released.add_argument('--titles', default=None, help='titles.tfr.')
+  released.add_argument('--block_emb', default=None,
+                        help='The file holding block_emb (default: the '
+                        'source that does).')
+  released.add_argument('--corpus_name', default='enwiki_20181220',
+                        help='Written to $REALM_CORPUS_DIR/<name>.')
+  released.add_argument('--benchmark', default='nq_open',
+                        help='The Open-QA task of a fine-tuned model.')
+  released.add_argument('--gin_file', action='append', default=[])
+  released.add_argument('--gin_bindings', action='append', default=[])
+
+
+def run(args) -> None:
+  from realm_jax.released import importer  # pylint: disable=g-import-not-at-top
+  summary = importer.import_released(
+      args.model_dir, args.source, args.blocks, block_emb=args.block_emb,
+      titles=args.titles, corpus_name=args.corpus_name,
+      benchmark=args.benchmark, gin_files=args.gin_file,
+      gin_bindings=args.gin_bindings)
+  print(f'imported a {summary["kind"]} run into {summary["model_dir"]} '
+        f'({summary["num_blocks"]:,} blocks, corpus '
+        f'{summary["corpus_dir"]})')
