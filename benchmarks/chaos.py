@@ -594,9 +594,9 @@ def main(argv=None) -> dict:
   work_dir = args.work_dir or tempfile.mkdtemp(prefix='realm-chaos-')
   output = args.output or os.path.join(work_dir, 'chaos.json')
   # pylint: disable-next=g-import-not-at-top
-  from realm_jax.experiments import demo
+  from realm_jax.experiments import machine as machine_lib
   # Measured first: the machine as the faults found it, in every write.
-  setting = {'machine': demo.machine(), 'date': str(datetime.date.today()),
+  setting = {'machine': machine_lib.machine(), 'date': str(datetime.date.today()),
              'steps_per_episode': args.steps, 'lockstep_interval': INTERVAL,
              'seed': args.seed, 'only': args.only}
   result = run(args.faults, work_dir, args.seed, args.steps, only=args.only,

@@ -184,11 +184,11 @@ def main(argv=None) -> dict:
   parser.add_argument('--output', default=None)
   args = parser.parse_args(argv)
   # pylint: disable-next=g-import-not-at-top
-  from realm_jax.experiments import demo
+  from realm_jax.experiments import machine as machine_lib
   with tempfile.TemporaryDirectory(prefix='realm-checksums-') as work_dir:
     rows = measure(args.model_dir, args.corpus_dir, work_dir,
                    args.arrays_dir, args.repeats)
-  result = {'machine': demo.machine(), 'repeats': args.repeats,
+  result = {'machine': machine_lib.machine(), 'repeats': args.repeats,
             'rows': rows}
   print(table(rows))
   print(json.dumps(result['machine']))

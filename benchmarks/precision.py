@@ -91,8 +91,8 @@ def main(argv=None) -> str:
   parser.add_argument('--output', default=os.path.join(RESULTS_DIR,
                                                        'precision.json'))
   args = parser.parse_args(argv)
-  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
-  machine = {**demo.machine(), 'device_kind': jax.devices()[0].device_kind,
+  from realm_jax.experiments import machine as machine_lib  # pylint: disable=g-import-not-at-top
+  machine = {**machine_lib.machine(), 'device_kind': jax.devices()[0].device_kind,
              'jax': jax.__version__,
              'matmul_2048_bf16_f32acc_gflops': flops.measured_matmul(
                  jnp.bfloat16, accumulate=jnp.float32) / 1e9}

@@ -126,8 +126,8 @@ def main(argv=None) -> None:
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--output', default=None, help='Also write JSON here.')
   args = parser.parse_args(argv)
-  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
-  machine = demo.machine()  # Before the children, alone.
+  from realm_jax.experiments import machine as machine_lib  # pylint: disable=g-import-not-at-top
+  machine = machine_lib.machine()  # Before the children, alone.
   results = measure({'ask': args.finetune, 'search': args.finetune,
                      'fill': args.pretrain}, args.repeats)
   print(f'{machine["cpu"]}, {machine["cores"]} cores, 2048^3 float32 matmul '

@@ -96,9 +96,9 @@ def main(argv=None) -> dict:
   parser.add_argument('--output', default=None)
   args = parser.parse_args(argv)
   # pylint: disable-next=g-import-not-at-top
-  from realm_jax.experiments import demo
+  from realm_jax.experiments import machine as machine_lib
   rows = measure(args.corpus_dir, args.qa_file)
-  result = {'machine': demo.machine(), 'tokenizers': tokenizers.__version__,
+  result = {'machine': machine_lib.machine(), 'tokenizers': tokenizers.__version__,
             'rows': rows}
   print(table([{k: v for k, v in row.items() if k != 'hugging face differs on'}
                for row in rows]))

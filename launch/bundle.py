@@ -82,13 +82,13 @@ def preset_runs(name: str) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
   is left out where $REALM_DATA_DIR lacks nq_open (the demo then skips
   recall)."""
   from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
-  if name not in demo.PRESETS:
-    raise errors.BadConfig(f'--preset={name!r}; expected one of '
-                           f'{sorted(demo.PRESETS)}.')
-  preset = demo.PRESETS[name]
+  from realm_jax.experiments import preset as preset_lib  # pylint: disable=g-import-not-at-top
+  preset = preset_lib.load(name)
   runs = [run for run in demo.example_runs(preset)
           if _has_nq() or run[0] != RUN_FILES['finetune']]
-  return runs, () if preset.finetune_steps else ('nq_open/train',)
+  finetunes = any(stage.kind == 'train' and stage.args['run'] == 'finetune'
+                  for stage in preset.stages)
+  return runs, () if finetunes else ('nq_open/train',)
 
 
 def _size(path: pathlib.Path) -> int:

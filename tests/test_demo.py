@@ -10,7 +10,8 @@ import pytest
 
 from launch import bundle
 from realm_jax import errors, run_directory
-from realm_jax.experiments import demo
+from realm_jax.experiments import demo, runner
+from realm_jax.experiments import preset as preset_lib
 from realm_jax.models import flops
 from realm_jax.models.bert import BertConfig
 from realm_jax.training import run_loader
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 def test_a_finished_stage_is_skipped_on_a_rerun(tmp_path):
   calls = []
-  stages = demo.Stages(str(tmp_path))
+  stages = runner.Stages(str(tmp_path))
   first = stages.run('ict', lambda x: calls.append(x) or {'steps': x}, 3)
   again = stages.run('ict', lambda x: calls.append(x), 4)
   assert calls == [3] and first == again and again['steps'] == 3
@@ -215,21 +216,22 @@ def test_on_an_accelerator_the_table_names_the_device_the_step_and_stale():
 
 
 def test_the_runs_a_preset_reads_carry_their_own_bindings():
-  gpu = demo.PRESETS['gpu']
+  gpu = preset_lib.load('gpu')
   runs = demo.example_runs(gpu)
   assert all(run[1] == gpu.setup for run in runs)
   assert [run[0] for run in runs] == [
       'gin/runs/ict.gin', 'gin/runs/pretrain.gin', 'gin/runs/pretrain.gin',
       'gin/runs/finetune.gin']
-  assert runs[2][2:] == ("Pretrain.masking='random_uniform'",)
+  assert runs[1][2:] == ("Pretrain.masking='random_uniform'",)
   # Each run sees at least 100x the demo's queries.
-  small = demo.PRESETS['demo']
-  assert gpu.ict_steps * gpu.ict_batch >= 100 * small.ict_steps * 32
-  assert gpu.reader_steps * gpu.reader_batch >= 100 * small.reader_steps * 32
-  assert (gpu.pretrain_steps * gpu.pretrain_batch >=
-          100 * small.pretrain_steps * small.pretrain_batch)
+  queries = lambda preset, stage: (
+      preset.stage(stage).args['bindings']['train.num_steps']
+      * preset.stage(stage).args['bindings']['train.batch_size'])
+  small = preset_lib.load('demo')
+  for stage in ('ict', 'reader', 'pretrain_realm'):
+    assert queries(gpu, stage) >= 100 * queries(small, stage), stage
   assert any("'random_span'" in run[-1]
-             for run in demo.example_runs(demo.PRESETS['reproduce']))
+             for run in demo.example_runs(preset_lib.load('reproduce')))
 
 
 def test_a_preset_brings_its_runs_and_leaves_what_it_never_reads(
@@ -237,13 +239,13 @@ def test_a_preset_brings_its_runs_and_leaves_what_it_never_reads(
   (tmp_path / 'nq_open').mkdir()
   monkeypatch.setenv('REALM_DATA_DIR', str(tmp_path))
   runs, leave_out = bundle.preset_runs('gpu')
-  assert runs == demo.example_runs(demo.PRESETS['gpu'])
+  assert runs == demo.example_runs(preset_lib.load('gpu'))
   assert leave_out == ('nq_open/train',)  # No fine-tuning in the preset.
   # Without NQ's files, its run stays behind (and the demo skips recall).
   monkeypatch.delenv('REALM_DATA_DIR')
   assert bundle.preset_runs('gpu')[0] == runs[:-1]
   assert bundle.preset_runs('reproduce')[1] == ()
-  with pytest.raises(errors.BadConfig, match="--preset='nope'"):
+  with pytest.raises(errors.BadConfig, match="preset='nope': no such preset"):
     bundle.preset_runs('nope')
 
 
@@ -270,3 +272,4 @@ def test_throughput_is_the_median_step_after_compiling_over_the_peak(
   assert found['mfu_of_measured_matmul'] == pytest.approx(step / 0.2 / 500e12)
   # A CPU has no data-sheet peak and no bf16 rate measured.
   assert 'mfu' not in demo.throughput(str(tmp_path), {'device': None})
+

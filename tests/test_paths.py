@@ -72,7 +72,9 @@ LOCAL_ONLY = {'open', 'os.makedirs', 'os.path.exists', 'os.path.isdir',
               'os.remove', 'shutil.rmtree', 'shutil.copytree'}
 ALLOWED = {'default_files.py': 'the installed packages of the embedded default',
            'launch_local.py': "its jobs' logs: local files a process writes "
-                              'to (a gs:// model_dir keeps them in runs/logs)'}
+                              'to (a gs:// model_dir keeps them in runs/logs)',
+           'preset.py': 'preset files are Python modules, imported from '
+                        'the local disk'}
 
 
 def _calls(tree):

@@ -34,11 +34,10 @@ def add_parser(command, flags) -> None:
                     'one the builder has published: a run then depends on '
                     'its seed alone, not on the builder\'s speed (world '
                     'presets).')
-  demo.add_argument('--preset', choices=('demo', 'reproduce', 'end_to_end',
-                                         'gpu', 'world', 'world_top3',
-                                         'world_warmup30', 'world_small'),
-                    default='demo',
-                    help='demo: the two core checks (20 minutes on 2 cores); '
+  demo.add_argument('--preset', default='demo',
+                    help='A preset by name, or a preset file (a .py file that '
+                    'defines PRESET, as realm_jax/experiments/presets/ '
+                    'holds them). demo: the two core checks (20 minutes on 2 cores); '
                     'reproduce: the miniature Table 2 (90 minutes); '
                     'end_to_end: the demo, then NQ fine-tuning with the '
                     'document tower frozen and trained (--work_dir=runs/demo '
@@ -56,13 +55,15 @@ def add_parser(command, flags) -> None:
 
 
 def run(args) -> None:
-  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
-  work_dir = args.work_dir or os.path.join('runs', args.preset)
+  from realm_jax.experiments import demo, world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import preset as preset_lib  # pylint: disable=g-import-not-at-top
+  family = preset_lib.load(args.preset).family
+  work_dir = args.work_dir or os.path.join(
+      'runs', os.path.basename(args.preset).removesuffix('.py'))
   docs_dir = os.fspath(demo.DOCS_RESULTS) if args.record else None
   if args.repeats < 1:
     raise errors.BadConfig(f'--repeats={args.repeats}: at least 1.')
-  if args.preset.startswith('world'):
-    from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
+  if family == 'world':
     if args.repeats > 1:
       world_demo.run_repeats(work_dir, args.preset, docs_dir, args.repeats,
                              args.lockstep)

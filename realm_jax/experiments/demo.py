@@ -1,4 +1,6 @@
-"""`make demo` and `make reproduce`: REALM in miniature, stage by stage.
+"""`make demo` and `make reproduce`: REALM in miniature, stage by stage: the
+stage kinds, comparisons and report of the Wikipedia-leads presets, whose
+stages are their files' (`presets/demo.py`, ...) and which `runner` runs.
 
 Every model is trained on the embedded default (10k Wikipedia leads, MiniLM),
 and every comparison is scored on the same held-out items with a paired
@@ -34,30 +36,25 @@ against, which no other run overwrites).
 """
 
 import ast
-import dataclasses
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
-import time
 
 from etils import epath
 
-from realm_jax import launch_local
-from realm_jax import (default_files, errors, repeats, run_directory,
-                       stage_plan)
+from realm_jax import default_files, repeats, run_directory
 from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
-from realm_jax.index import publication
+from realm_jax.experiments import preset as preset_lib
+from realm_jax.experiments import runner
+from realm_jax.experiments.presets._wiki import QA_TASKS, STALE_FACTOR
 from realm_jax.models import flops
 from realm_jax.training import curves, run_loader
 
 log = logging.getLogger(__name__)
 
-QA_TASKS = ('nq_open', 'web_questions', 'curated_trec')
 # The paper's numbers (Guu et al. 2020): Table 1, REALM pre-trained on
 # Wikipedia (EM on the test sets); Table 2, NQ dev ablations (zero-shot
 # retrieval recall@5, and EM of the ablations).
@@ -65,161 +62,9 @@ PAPER_EM = {'nq_open': 39.2, 'web_questions': 40.2, 'curated_trec': 46.8}
 PAPER_TABLE2 = {'realm': (38.2, 38.5), 'orqa': (31.3, None),
                 'stale': (28.7, 15.1), 'random_span': (35.3, 26.1),
                 'ict': (None, 13.9)}  # (NQ dev EM, recall@5)
-STALE_FACTOR = 30
-# Where a source tree keeps the presets' recorded runs.
-DOCS_RESULTS = epath.Path(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))) / 'docs' / 'results'
-# The reader's warm start masks random tokens, as BERT's masked LM does.
-READER_MASKING = 'random_uniform'
 
 
-@dataclasses.dataclass(frozen=True)
-class Preset:
-  """The sizes of one miniature; every stage's other settings are gin's."""
-  ict_steps: int
-  reader_steps: int
-  pretrain_steps: int
-  refresh_interval: int
-  finetune_steps: int = 0
-  ablations: bool = False  # The stale, random-span and ORQA rows.
-  # NQ fine-tuning from REALM with the document tower frozen and trained.
-  end_to_end: bool = False
-  # The 30x stale index beside REALM, without the other ablations.
-  stale: bool = False
-  # The setup every run layers last, and the batch of each training stage.
-  setup: str = 'gin/setups/demo.gin'
-  ict_batch: int = 32
-  reader_batch: int = 32
-  pretrain_batch: int = 8
-  # Corpus and examples prepared where TensorFlow is (`make bundle-gpu`):
-  # nothing is built, and the run needs no TensorFlow.
-  prepared: bool = False
-  # Minutes for every stage (None: no limit), shared by `stage_plan.Plan`.
-  budget_minutes: float | None = None
-
-
-PRESETS = {
-    'demo': Preset(ict_steps=40, reader_steps=100, pretrain_steps=100,
-                   refresh_interval=10),
-    'reproduce': Preset(ict_steps=100, reader_steps=300, pretrain_steps=300,
-                        refresh_interval=20, finetune_steps=200,
-                        ablations=True),
-    # The demo's stages (a work_dir `make demo` filled is reused), then
-    # fine-tuning.
-    'end_to_end': Preset(ict_steps=40, reader_steps=100, pretrain_steps=100,
-                         refresh_interval=10, finetune_steps=200,
-                         end_to_end=True),
-    # The demo at accelerator size on one GPU, from a bundle (`make
-    # bundle-gpu`; gin/setups/gpu_demo.gin): MiniLM-L6 at full depth for
-    # every BERT, blocks of 128 wordpieces, 8 candidates, the 30x stale
-    # index; each run sees 100x the demo's queries (ICT 128,000, the reader
-    # 320,000, pre-training 80,000, drawn from every salient span of the
-    # training blocks, none twice before each once: `data.masked_queries`).
-    # Batch 128 of pre-training ran out of an H100's 80 GB. About 24
-    # minutes on one H100 by the per-stage times of its first run
-    # (docs/results/gpu.md), so a machine lent in 10-minute commands runs it
-    # in three (a re-run skips the finished stages).
-    'gpu': Preset(ict_steps=500, reader_steps=1250, pretrain_steps=1250,
-                  refresh_interval=20, stale=True,
-                  setup='gin/setups/gpu_demo.gin', ict_batch=256,
-                  reader_batch=256, pretrain_batch=64, prepared=True,
-                  # launch/gpu_demo.sh's 9 minutes, less its install and
-                  # the bundle's check.
-                  budget_minutes=8),
-}
-
-
-def example_runs(preset: Preset) -> list[tuple[str, ...]]:
-  """Each run whose examples `preset` reads: its gin files, then its own
-  bindings (what `launch.bundle --preset` carries). NQ's questions come with
-  the fine-tuning run's: recall reads its test split. The pre-training runs
-  (every masking, and the held-out queries) share the corpus's span arrays,
-  their queries drawn as each batch is made."""
-  run = lambda name, *bindings: (f'gin/runs/{name}.gin', preset.setup,
-                                 *bindings)
-  runs = [run('ict'), run('pretrain'),
-          run('pretrain', f"Pretrain.masking='{READER_MASKING}'")]
-  if preset.ablations:
-    runs.append(run('pretrain', "Pretrain.masking='random_span'"))
-  return runs + [run('finetune')]
-
-
-def machine() -> dict:
-  """The CPU and its measured 2048^3 float32 matmul rate, for every timing;
-  on an accelerator also the device, JAX's version and its 8192^3 bfloat16
-  matmul rate."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  found = {'jax': jax.__version__, 'backend': jax.default_backend()}
-  if found['backend'] != 'cpu':
-    found.update(device=jax.devices()[0].device_kind,
-                 devices=jax.device_count(),
-                 bf16_matmul_tflops=round(
-                     flops.measured_matmul(jnp.bfloat16, 8192,
-                                           accumulate=jnp.float32) / 1e12,
-                     1))
-  rate = flops.measured_matmul(jnp.float32, 2048)
-  model = platform.processor() or platform.machine()
-  try:
-    model = next(line.split(':', 1)[1].strip() for line in
-                 epath.Path('/proc/cpuinfo').read_text().splitlines()
-                 if line.startswith('model name'))
-  except (OSError, StopIteration):
-    pass
-  return {'cpu': model, 'cores': os.cpu_count(),
-          'matmul_2048_gflops': round(rate / 1e9, 1),
-          'commit': commit(), **found}
-
-
-def commit() -> str | None:
-  """The source's git commit, '+changes' when tracked files differ from
-  it (None outside a checkout): which code a record's figures came from."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  git = lambda *a: subprocess.run(['git', '-C', here, *a], check=True,
-                                  capture_output=True, text=True).stdout
-  try:
-    head = git('rev-parse', '--short=7', 'HEAD').strip()
-    changed = git('status', '--porcelain', '--untracked-files=no').strip()
-  except (OSError, subprocess.CalledProcessError):
-    return None
-  return head + ('+changes' if changed else '')
-
-
-class Stages:
-  """Runs each stage once; a finished stage's marker makes re-runs skip it."""
-
-  def __init__(self, work_dir: str):
-    self.dir = epath.Path(work_dir) / 'stages'
-    self.dir.mkdir(parents=True, exist_ok=True)
-
-  def done(self, name: str) -> dict | None:
-    path = self.dir / f'{name}.json'
-    return json.loads(path.read_text()) if path.exists() else None
-
-  def run(self, name: str, fn, *args) -> dict:
-    finished = self.done(name)
-    if finished is not None:
-      log.info('== %s: done before (%.0fs), skipped', name,
-               finished['seconds'])
-      return finished
-    log.info('== %s', name)
-    start = time.perf_counter()
-    result = fn(*args) or {}
-    record = {'seconds': time.perf_counter() - start, **result}
-    # Written whole, then renamed: a killed stage leaves no marker.
-    (self.dir / f'{name}.json.tmp').write_text(json.dumps(record, indent=2))
-    (self.dir / f'{name}.json.tmp').replace(self.dir / f'{name}.json')
-    log.info('== %s: %.0fs', name, record['seconds'])
-    return record
-
-
-def _train(model_dir: str, run: str, setup: str, *flags: str) -> None:
-  """Trains in this process what `realm-jax train` trains with the same
-  `--gin.X=V` flags (the flags realm_jax.launch_local passes on)."""
-  run_loader.configure(
-      [f'gin/runs/{run}.gin', 'gin/runs/eval.gin', setup],
-      [flag[len('--gin.'):].replace('=', ' = ', 1) for flag in flags])
-  run_loader.train(model_dir)
+DOCS_RESULTS = runner.DOCS_RESULTS
 
 
 def build_corpus() -> dict:
@@ -243,101 +88,10 @@ def prepared_corpus() -> dict:
           'corpus_fingerprint': metadata['corpus_fingerprint']}
 
 
-def train_ict(model_dir: str, preset: Preset, *bindings: str) -> dict:
-  num_steps = preset.ict_steps
-  _train(model_dir, 'ict', preset.setup, f'--gin.train.num_steps={num_steps}',
-         f'--gin.train.checkpoint_every={num_steps}',
-         f'--gin.train.batch_size={preset.ict_batch}',
-         f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
-         '--gin.bert_adamw.learning_rate=1e-4',
-         *(f'--gin.{b}' for b in bindings))
-  return _reached(model_dir)
-
-
-def _reached(model_dir: str) -> dict:
-  """The step a training stage ended at (below its steps when its share
-  of the budget ran out) and its median step time (what the next run's
-  plan expects, `stage_plan`)."""
-  kept = run_directory.reload(run_directory.trainer_checkpoints(model_dir))
-  _, seconds = curves.read_metrics(os.path.join(
-      model_dir, 'train_metrics.jsonl')).get('step_seconds', ([], []))
-  return {'steps_reached': kept[-1] if kept else 0,
-          'step_seconds': statistics.median(seconds) if seconds else None}
-
-
 def recall(model_dir: str, output_dir: str, setup: str) -> dict:
   predictor = qa_evaluation.QAPredictor(model_dir, None, [setup])
   return qa_evaluation.evaluate(predictor, 'nq_open', output_dir,
                                 batch_size=64)
-
-
-def train_reader(model_dir: str, preset: Preset, *bindings: str) -> dict:
-  """BERT's masked LM on the corpus, the null document alone: the reader's
-  (and the MLM head's) warm start, shared by REALM and its baseline."""
-  num_steps = preset.reader_steps
-  _train(model_dir, 'pretrain', preset.setup,
-         f'--gin.train.num_steps={num_steps}',
-         f'--gin.train.checkpoint_every={num_steps}',
-         f'--gin.train.batch_size={preset.reader_batch}',
-         '--gin.Pretrain.num_candidates=1',
-         f"--gin.Pretrain.masking='{READER_MASKING}'",
-         # [CLS] x [SEP] and the null document's [SEP].
-         '--gin.build_realm.reader_length=50', '--gin.train.eval_every=0',
-         f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
-         '--gin.bert_adamw.learning_rate=5e-4',
-         *(f'--gin.{b}' for b in bindings))
-  return _reached(model_dir)
-
-
-def pretrain(model_dir: str, ict_dir: str, reader_dir: str, preset: Preset,
-             *bindings: str, with_refresh: bool = True) -> dict:
-  """REALM pre-training from the ICT retriever and the warm reader, with the
-  index builder beside it (realm_jax.launch_local; its log: model_dir/refresh.log)
-  re-embedding the towers every `refresh_interval` steps (`bindings`
-  change the run: the ablations). Without `with_refresh` the run needs no
-  index (the baseline reads the null document alone)."""
-  interval = preset.refresh_interval
-  flags = [f'--gin.train.num_steps={preset.pretrain_steps}',
-           f'--gin.train.batch_size={preset.pretrain_batch}',
-           '--gin.train.log_every=1',
-           f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
-           f'--gin.Pretrain.reader_model_dir="{reader_dir}"',
-           # The builder embeds the towers alone, saved every interval
-           # (docs/training.md, "Checkpoints and the index builder"); whole
-           # checkpoints, for resuming, ten times as far apart. A run
-           # without the builder saves its last.
-           *([f'--gin.train.retriever_every={interval}'] if with_refresh
-             else []),
-           '--gin.train.checkpoint_every='
-           f'{10 * interval if with_refresh else preset.pretrain_steps}',
-           f'--gin.run_refresh.refresh_interval_steps={interval}',
-           '--gin.train.eval_every=0',
-           f'--gin.bert_adamw.warmup_steps={preset.pretrain_steps // 10}',
-           '--gin.bert_adamw.learning_rate=1e-4',
-           *(f'--gin.{b}' for b in bindings)]
-  if with_refresh:
-    launch_local.run(model_dir,
-              train_args=['--gin_file=gin/runs/pretrain.gin',
-                          '--gin_file=gin/runs/eval.gin',
-                          f'--gin_file={preset.setup}', *flags],
-              refresh_args=[f'--gin_file={preset.setup}', '--poll_seconds=1',
-                            *(f for f in flags if 'run_refresh' in f)],
-              refresh_timeout=600)
-  else:
-    _train(model_dir, 'pretrain', preset.setup, *flags)
-  return {**_freshness(model_dir, with_refresh), **_reached(model_dir)}
-
-
-def _freshness(model_dir: str, with_refresh: bool = True) -> dict:
-  """How stale the indexes a run read were, and which it kept."""
-  _, staleness = curves.read_metrics(os.path.join(
-      model_dir, 'train_metrics.jsonl')).get('index_staleness', ([], []))
-  return {'index_steps_kept': run_directory.reload(publication.index_manager(
-      run_directory.index_dir(model_dir), read_only=True)) if with_refresh
-          else [],
-          'mean_index_staleness': (sum(staleness) / len(staleness)
-                                   if staleness else None),
-          'max_index_staleness': max(staleness) if staleness else None}
 
 
 def throughput(model_dir: str, machine_found: dict) -> dict:
@@ -374,41 +128,52 @@ def score_masked_lm(model_dir: str, output_dir: str, name: str) -> dict:
   return masked_lm.evaluate(model_dir, output_dir, name)
 
 
-def finetune(model_dir: str, setup: str, num_steps: int, warm_start: str,
-             *bindings: str, refresh_interval: int | None = None) -> dict:
-  """NQ fine-tuning; `warm_start` binds Finetune.pretrain_model_dir (REALM)
-  or Finetune.ict_model_dir (ORQA). With a `refresh_interval` the document
-  tower trains too, and the index builder beside the trainer re-embeds the
-  towers every `refresh_interval` steps, as in pre-training."""
-  flags = [f'--gin.train.num_steps={num_steps}', '--gin.train.batch_size=8',
-           f'--gin.Finetune.{warm_start}',
-           # `[CLS] question [SEP] block [SEP]`: questions are short.
-           '--gin.build_realm.reader_length=96', '--gin.train.eval_every=0',
-           f'--gin.train.checkpoint_every={num_steps}',
-           *([f'--gin.train.retriever_every={refresh_interval}']
-             if refresh_interval else []),
-           f'--gin.bert_adamw.warmup_steps={max(num_steps // 10, 1)}',
-           '--gin.bert_adamw.learning_rate=5e-5',
-           *(f'--gin.{b}' for b in bindings)]
-  if refresh_interval is None:
-    _train(model_dir, 'finetune', setup, *flags)
-    return {}
-  cadence = f'--gin.run_refresh.refresh_interval_steps={refresh_interval}'
-  launch_local.run(model_dir,
-            train_args=['--gin_file=gin/runs/finetune.gin',
-                        '--gin_file=gin/runs/eval.gin',
-                        f'--gin_file={setup}', *flags, cadence,
-                        '--gin.Finetune.train_document_tower=True'],
-            refresh_args=[f'--gin_file={setup}', '--poll_seconds=1', cadence],
-            refresh_timeout=600)
-  return _freshness(model_dir)
-
-
 def qa(model_dir: str, output_dir: str, tasks=QA_TASKS) -> dict:
   # The fine-tuning run's own config.gin says it all (its reader length).
   predictor = qa_evaluation.QAPredictor(model_dir, top_spans=4)
   return {task: qa_evaluation.evaluate(predictor, task, output_dir,
                                        batch_size=64) for task in tasks}
+
+
+def _corpus(ctx: runner.Context) -> dict:
+  """The leads built and annotated, or a bundle's corpus checked."""
+  return prepared_corpus() if ctx.preset.prepared else build_corpus()
+
+
+# The stages of the Wikipedia-leads presets besides 'machine' and 'train'
+# (`presets/_wiki.py` makes them).
+KINDS = {
+    'corpus': _corpus,
+    'recall': lambda ctx, run_dir, output: recall(
+        ctx.dir(run_dir), ctx.dir(output), ctx.preset.setup),
+    'throughput': lambda ctx, run_dir: throughput(
+        ctx.dir(run_dir), ctx.results['machine']),
+    'masked_lm': lambda ctx, run_dir: score_masked_lm(
+        ctx.dir(run_dir), ctx.dir('eval'), run_dir),
+    'qa': lambda ctx, run_dir, output, tasks: qa(
+        ctx.dir(run_dir), ctx.dir(output), tasks),
+}
+
+
+def example_runs(spec: preset_lib.Preset) -> list[tuple[str, ...]]:
+  """Each run whose examples `spec` reads: its gin files, then the binding
+  that chooses them (a masking), what `launch.bundle --preset` carries.
+  NQ's questions come with the fine-tuning run's: recall reads its test
+  split. The pre-training runs (every masking, and the held-out queries)
+  share the corpus's span arrays, their queries drawn as each batch is
+  made."""
+  runs = []
+  finetune = ('gin/runs/finetune.gin', spec.setup)
+  for stage in spec.stages:
+    if stage.kind == 'train':
+      masking = stage.args['bindings'].get('Pretrain.masking')
+      found = (f'gin/runs/{stage.args["run"]}.gin', spec.setup,
+               *([f'Pretrain.masking={masking!r}'] if masking else []))
+      if found not in runs:
+        runs.append(found)
+  if any(s.needs_qa for s in spec.stages) and finetune not in runs:
+    runs.append(finetune)
+  return runs
 
 
 def _prepared_nq() -> bool:
@@ -484,106 +249,40 @@ def _end_to_end_comparisons(eval_dir: str) -> dict:
   return out
 
 
+def has_qa(spec: preset_lib.Preset) -> bool:
+  """Whether the Open-QA stages can run: the benchmarks are there (a bundle
+  brings NQ's test questions alone)."""
+  return _prepared_nq() if spec.prepared else _qa_data() is not None
+
+
+def finish(spec: preset_lib.Preset, work_dir: str, results: dict,
+           qa_ran: bool) -> dict:
+  """The preset's comparisons, each with its paired interval: the masked
+  LM's always, those that read QA predictions where the QA stages ran."""
+  del results  # Read from the runs' scored rows.
+  eval_dir = os.path.join(work_dir, 'eval')
+  out = {}
+  for kind, *args in spec.comparisons:
+    if kind == 'masked_lm':
+      out[kind] = _masked_lm_comparisons(eval_dir, args)
+    elif not qa_ran:
+      continue
+    elif kind == 'recall':
+      out[kind] = _recall_comparisons(eval_dir, args)
+    elif kind == 'em':
+      out[kind] = _em_comparisons(eval_dir, *args)
+    elif kind == 'end_to_end':
+      out[kind] = _end_to_end_comparisons(eval_dir)
+  return {'comparisons': out}
+
+
 def run(work_dir: str = 'runs/demo', preset: str = 'demo',
         docs_dir: str | None = None, seed: int = 0) -> dict:
-  """Every stage of `preset` in order, each run's parameters, dropout and
-  data order from `seed`; returns (and writes) the results (into
-  `docs_dir` too, the record, when given: `demo --record`)."""
-  if preset not in PRESETS:
-    raise errors.BadConfig(f'preset={preset!r}; expected one of '
-                           f'{sorted(PRESETS)}.')
-  if epath.Path(work_dir).exists() and not epath.Path(work_dir).is_dir():
-    raise errors.BadConfig(f'--work_dir {work_dir} is a file; the demo '
-                           'writes its runs into a directory.')
-  sizes = PRESETS[preset]
-  # This process trains too while realm_jax.launch_local's two jobs share the GPU.
-  os.environ.setdefault(launch_local.PREALLOCATE, 'false')
-  if '://' not in work_dir:
-    work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
-  stages = Stages(work_dir)
-  d = lambda name: os.path.join(work_dir, name)
-  has_qa = _prepared_nq() if sizes.prepared else _qa_data() is not None
-  results = {'preset': preset, 'sizes': dataclasses.asdict(sizes),
-             'seed': seed}
-  timings = {}
-  seeded = (f'train.seed={seed}',)
-  runs = {'realm': (), 'baseline': ('Pretrain.num_candidates=1',)}
-  if sizes.ablations or sizes.stale:
-    runs['stale'] = (f'run_refresh.stale_factor={STALE_FACTOR}',)
-  if sizes.ablations:
-    runs['random_span'] = ("Pretrain.masking='random_span'",)
-  recalled = [name for name in runs if name != 'baseline'] if has_qa else []
-  plan = stage_plan.Plan(
-      ['corpus', 'ict', *(['recall_ict'] if has_qa else []), 'reader',
-       *(f'pretrain_{n}' for n in runs), 'throughput',
-       *(f'masked_lm_{n}' for n in runs), *(f'recall_{n}' for n in recalled)],
-      results['sizes'], stage_plan.recorded(preset, DOCS_RESULTS),
-      sizes.budget_minutes and 60 * sizes.budget_minutes)
-  print(f'realm-jax demo --preset={preset}: the plan\n'
-        + '\n'.join(plan.lines()), flush=True)
-
-  def stage(name, fn, *args, **kwargs):
-    record = stages.run(name, lambda: fn(*args, **kwargs))
-    timings[name] = record['seconds']
-    plan.finish(name)
-    return record
-
-  def limited(name) -> tuple[str, ...]:
-    """The training stage's share of what is left of the budget."""
-    limit = None if stages.done(name) else plan.time_limit(name)
-    return () if limit is None else (f'train.time_limit_s={limit:.0f}',)
-
-  # The corpus's annotation forks: before JAX runs.
-  stage('corpus', prepared_corpus if sizes.prepared else build_corpus)
-  results['machine'] = stages.run('machine', machine)
-  results['ict'] = stage('ict', train_ict, d('ict'), sizes, *seeded,
-                         *limited('ict'))
-  if has_qa:
-    results['recall_ict'] = stage('recall_ict', recall, d('ict'),
-                                  d('eval/ict'), sizes.setup)
-  results['reader'] = stage('reader', train_reader, d('reader'), sizes,
-                            *seeded, *limited('reader'))
-  for name, bindings in runs.items():
-    results[f'pretrain_{name}'] = stage(
-        f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
-        *bindings, *seeded, *limited(f'pretrain_{name}'),
-        with_refresh=name != 'baseline')
-  results['throughput'] = stage('throughput', throughput, d('realm'),
-                                results['machine'])
-  results['masked_lm'] = {
-      name: stage(f'masked_lm_{name}', score_masked_lm, d(name), d('eval'),
-                  name) for name in runs}
-  pairs = [('realm', name) for name in runs if name != 'realm']
-  comparisons = {'masked_lm': _masked_lm_comparisons(d('eval'), pairs)}
-  if has_qa:
-    for name in recalled:
-      results[f'recall_{name}'] = stage(f'recall_{name}', recall, d(name),
-                                        d(f'eval/{name}'), sizes.setup)
-    comparisons['recall'] = _recall_comparisons(
-        d('eval'), [('realm', 'ict')] + [('realm', name) for name in recalled
-                                         if name != 'realm'])
-  if has_qa and sizes.finetune_steps and sizes.ablations:
-    for name, warm in (('realm', f'pretrain_model_dir="{d("realm")}"'),
-                       ('orqa', f'ict_model_dir="{d("ict")}"')):
-      stage(f'finetune_{name}', finetune, d(f'finetune_{name}'),
-            sizes.setup, sizes.finetune_steps, warm, *seeded)
-      results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
-                                    d(f'eval/qa_{name}'))
-    comparisons['em'] = _em_comparisons(d('eval'), 'qa_realm', 'qa_orqa')
-  if has_qa and sizes.end_to_end:
-    for name, interval in (('realm', None),
-                           ('realm_end_to_end', sizes.refresh_interval)):
-      results[f'finetune_{name}'] = stage(
-          f'finetune_{name}', finetune, d(f'finetune_{name}'), sizes.setup,
-          sizes.finetune_steps, f'pretrain_model_dir="{d("realm")}"',
-          *seeded, refresh_interval=interval)
-      results[f'qa_{name}'] = stage(f'qa_{name}', qa, d(f'finetune_{name}'),
-                                    d(f'eval/qa_{name}'), ('nq_open',))
-    comparisons['end_to_end'] = _end_to_end_comparisons(d('eval'))
-  results['comparisons'] = comparisons
-  results['timings'] = timings
-  report(results, work_dir, docs_dir)
-  return results
+  """Every stage of `preset` (a shipped preset's name, or a preset file)
+  in order, each run's parameters, dropout and data order from `seed`;
+  returns (and writes) the results (into `docs_dir` too, the record, when
+  given: `demo --record`)."""
+  return runner.run(FAMILY, work_dir, preset, docs_dir, seed)
 
 
 def _dig(tree, *keys):
@@ -938,3 +637,6 @@ def report(results: dict, work_dir: str, docs_dir: str | None = None,
         os.fspath(out / ('pretrain' if out == outputs[0] else preset)) +
         '_curves.png')
   print('\n' + text)
+
+
+FAMILY = runner.Family('demo', KINDS, has_qa, lambda *_: {}, finish, report)

@@ -1,4 +1,7 @@
-"""`realm-jax demo --preset=world`: REALM's claims in a controlled world.
+"""`realm-jax demo --preset=world`: REALM's claims in a controlled world: the
+stage kinds (the world's data generator, REALM with its builder, the
+scores, the edit check), comparisons and report of the world's presets,
+whose stages `presets/_world.py` lists and `runner` runs.
 
 On the real miniature REALM's gain in accuracy stays inside its noise
 (docs/RESULTS.md). In the knowledge world of `data.world` each fact is in
@@ -40,15 +43,15 @@ import tempfile
 import numpy as np
 from etils import epath
 
-from realm_jax import launch_local
-from realm_jax import errors, extras, repeats
+from realm_jax import extras, repeats
 from realm_jax.data import corpus, corpus_changes, example_arrays, world
 from realm_jax.evaluation import bootstrap, masked_lm
+from realm_jax.experiments import preset as preset_lib
+from realm_jax.experiments import runner
+from realm_jax.experiments.presets._world import CORPUS, STALE_FACTOR
 from realm_jax.training import curves, run_loader
 
 SETUP = 'gin/setups/world.gin'
-CORPUS = 'world'
-STALE_FACTOR = 30
 ICT_WHY = (
     "ICT's pseudo-queries are the documents' own sentences, which name the "
     'person by first name alone (but the first): it teaches the towers to '
@@ -76,61 +79,6 @@ READER_WHY = (
     'people.')
 
 
-@dataclasses.dataclass(frozen=True)
-class WorldPreset:
-  """The world and the steps of each stage; other settings are gin's."""
-  spec: world.WorldSpec
-  ict_steps: int
-  reader_steps: int
-  pretrain_steps: int
-  refresh_interval: int
-  batch_size: int = 16
-  # REALM's candidates, the null document included (the paper's 8; the
-  # top 3 of the first world runs left the retriever one query template
-  # of two in most runs: docs/RESULTS.md).
-  candidates: int = 8
-  # REALM's warmup: over 30 steps the towers of some seeds flattened p(z|x)
-  # within 50 steps and never came back (docs/levers.md).
-  warmup_steps: int = 30
-  ablations: bool = True  # The stale run and the edit check.
-  eval_every: int = 25  # Held-out recall@1 and accuracy while training.
-
-
-WORLD = world.WorldSpec(people=1000, first_names=40, last_names=40)
-PRESETS = {
-    'world': WorldPreset(
-        WORLD,
-        ict_steps=300, reader_steps=500, pretrain_steps=200,
-        refresh_interval=5, warmup_steps=100),
-    # The levers the default was measured against, each the world as it
-    # was run before: the null document and the top 3, then the top 7 with
-    # REALM's warmup over 30 steps.
-    'world_top3': WorldPreset(
-        WORLD,
-        ict_steps=300, reader_steps=500, pretrain_steps=200,
-        refresh_interval=5, candidates=4),
-    'world_warmup30': WorldPreset(
-        WORLD,
-        ict_steps=300, reader_steps=500, pretrain_steps=200,
-        refresh_interval=5),
-    # tests/test_world.py's learning test: one attribute, 300 people, REALM,
-    # its baseline, its start and its control (the towers frozen).
-    'world_small': WorldPreset(
-        world.WorldSpec(people=300, no_document=20, attributes=('hometown',),
-                        first_names=10, last_names=40, edited=0),
-        ict_steps=60, reader_steps=80, pretrain_steps=60,
-        refresh_interval=5, candidates=4, ablations=False),
-}
-
-
-def _train(model_dir: str, run: str, *flags: str) -> None:
-  """`realm-jax train` in this process, with the world's setup."""
-  run_loader.configure(
-      [f'gin/runs/{run}.gin', SETUP],
-      [flag[len('--gin.'):].replace('=', ' = ', 1) for flag in flags])
-  run_loader.train(model_dir)
-
-
 def make_world(spec: world.WorldSpec) -> dict:
   """The world's corpus and query arrays, at the shapes the setup's runs
   read, and its ICT pairs from the ordinary seqio task (`input.tasks.ict`)."""
@@ -154,74 +102,6 @@ def make_world(spec: world.WorldSpec) -> dict:
           'blocks': metadata['num_blocks'],
           'mean_block_length': metadata['mean_length'],
           'corpus_fingerprint': metadata['corpus_fingerprint']}
-
-
-def train_ict(model_dir: str, sizes: WorldPreset, seed: int = 0) -> None:
-  _train(model_dir, 'ict', f'--gin.train.num_steps={sizes.ict_steps}',
-         f'--gin.train.seed={seed}',
-         f'--gin.train.checkpoint_every={sizes.ict_steps}',
-         '--gin.train.batch_size=64', '--gin.bert_adamw.learning_rate=2e-3',
-         f'--gin.bert_adamw.warmup_steps={max(sizes.ict_steps // 10, 1)}')
-
-
-# The reader's warm start copies only after a plateau whose length is the
-# seed's: at 2e-3, seeds 0 and 2 copied every value by step 300 and seed 1
-# 38% at step 500, so that its REALM read nothing (docs/levers.md).
-READER_LEARNING_RATE = 1e-3
-
-
-def train_reader(model_dir: str, sizes: WorldPreset, seed: int = 0) -> None:
-  _train(model_dir, 'pretrain', f'--gin.train.num_steps={sizes.reader_steps}',
-         f'--gin.train.seed={seed}',
-         f'--gin.train.checkpoint_every={sizes.reader_steps}',
-         '--gin.train.batch_size=32', '--gin.Pretrain.num_candidates=1',
-         '--gin.Pretrain.source_block_rate=1.0',
-         f'--gin.bert_adamw.learning_rate={READER_LEARNING_RATE}')
-
-
-def pretrain(model_dir: str, ict_dir: str, reader_dir: str,
-             sizes: WorldPreset, *bindings: str,
-             stale_factor: int | None = 1, seed: int = 0,
-             lockstep: bool = False) -> dict:
-  """REALM from the two warm starts (`bindings`: the ablations). With a
-  `stale_factor`, the index builder beside the trainer re-embeds a
-  checkpoint every `refresh_interval` x `stale_factor` steps: as soon as
-  it can (the paper's asynchronous refresh), or, with `lockstep`, on
-  `IndexClient`'s fixed schedule, so that what the trainer retrieves from
-  does not depend on how fast the builder is (see `LOCKSTEP_WHY`). None:
-  no builder."""
-  interval = sizes.refresh_interval
-  flags = [f'--gin.train.num_steps={sizes.pretrain_steps}',
-           f'--gin.train.batch_size={sizes.batch_size}',
-           f'--gin.train.seed={seed}',
-           '--gin.train.log_every=1',
-           f'--gin.Pretrain.ict_model_dir="{ict_dir}"',
-           f'--gin.Pretrain.reader_model_dir="{reader_dir}"',
-           f'--gin.train.checkpoint_every={interval}',
-           f'--gin.run_refresh.refresh_interval_steps={interval}',
-           f'--gin.train.eval_every={sizes.eval_every}',
-           '--gin.train.eval_batches=8',
-           f'--gin.Pretrain.num_candidates={sizes.candidates}',
-           f'--gin.bert_adamw.warmup_steps={sizes.warmup_steps}',
-           *(f'--gin.{b}' for b in bindings)]
-  if stale_factor is not None:
-    flags.append(f'--gin.run_refresh.stale_factor={stale_factor}')
-    if lockstep:
-      flags.append('--gin.IndexClient.lockstep_interval='
-                   f'{interval * stale_factor}')
-    launch_local.run(model_dir,
-              train_args=['--gin_file=gin/runs/pretrain.gin',
-                          f'--gin_file={SETUP}', *flags],
-              refresh_args=[f'--gin_file={SETUP}', '--poll_seconds=0.5',
-                            f'--corpus_dir={corpus.corpus_dir(CORPUS)}',
-                            *(f for f in flags if 'run_refresh' in f)],
-              refresh_timeout=300)
-  else:
-    _train(model_dir, 'pretrain', *flags)
-  _, staleness = curves.read_metrics(os.path.join(
-      model_dir, 'train_metrics.jsonl')).get('index_staleness', ([], []))
-  return {'mean_index_staleness': (sum(staleness) / len(staleness)
-                                   if staleness else None)}
 
 
 def score(model_dir: str, eval_dir: str, name: str,
@@ -257,7 +137,8 @@ def _mean(values) -> float | None:
   return float(np.mean(values)) if len(values) else None
 
 
-def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
+def edit_check(spec: world.WorldSpec, model_dir: str, eval_dir: str
+               ) -> dict:
   """Each edited person's document replaced (`corpus remove`, then `corpus
   add`, on a copy of the corpus swapped in whole, so that a killed stage
   can be run again), the index synced by embedding the new blocks alone;
@@ -265,7 +146,7 @@ def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
   as targets. No training step runs."""
   from realm_jax.index import corpus_sync  # pylint: disable=g-import-not-at-top
   from realm_jax.training import step_inputs  # pylint: disable=g-import-not-at-top
-  the_world = world.World(sizes.spec)
+  the_world = world.World(spec)
   edits = the_world.edits()
   people = {p.name: p for p in the_world.people}
   directory = corpus.corpus_dir(CORPUS)
@@ -315,66 +196,68 @@ def edit_check(sizes: WorldPreset, model_dir: str, eval_dir: str) -> dict:
           'model_step': new_value['step']}
 
 
+def world_spec(spec: preset_lib.Preset) -> world.WorldSpec:
+  """The world a preset writes (its 'world' stage's)."""
+  return world.WorldSpec(**spec.stage('world').args['spec'])
+
+
+def realm(ctx: runner.Context, run_dir: str, bindings: dict,
+          builder: dict | None) -> dict:
+  """A REALM run (or a control) from the two warm starts, the index builder
+  beside it where it has one: re-embedding as soon as it can (the paper's
+  asynchronous refresh), or, with the `lockstep` option, on `IndexClient`'s
+  fixed schedule, so that what the trainer retrieves from does not depend
+  on how fast the builder is (see `LOCKSTEP_WHY`)."""
+  if builder is not None and ctx.options.get('lockstep'):
+    bindings = {**bindings, 'IndexClient.lockstep_interval': (
+        builder['run_refresh.refresh_interval_steps']
+        * builder['run_refresh.stale_factor'])}
+  return runner.train(
+      ctx, 'pretrain', bindings, run_dir, builder, poll_seconds=0.5,
+      refresh_timeout=300,
+      corpus_dir=corpus.corpus_dir(CORPUS) if builder else None)
+
+
+# The world's stages besides 'machine' and 'train' (`presets/_world.py`
+# makes them).
+KINDS = {
+    'world': lambda ctx, spec: make_world(world.WorldSpec(**spec)),
+    'realm': realm,
+    'score': lambda ctx, run_dir, name=None, task=None: score(
+        ctx.dir(run_dir), ctx.dir('eval'), name or run_dir, task),
+    'edit': lambda ctx, run_dir: edit_check(
+        world_spec(ctx.preset), ctx.dir(run_dir), ctx.dir('eval')),
+}
+
+
+def begin(spec: preset_lib.Preset, work_dir: str, options: dict) -> dict:
+  """The world's corpus and arrays live in the work_dir, not beside the
+  demo's (the index builder's process inherits these)."""
+  os.environ[corpus.CORPUS_ROOT_ENV] = os.path.join(work_dir, 'corpora')
+  os.environ[example_arrays.ROOT_ENV] = os.path.join(work_dir, 'arrays')
+  return {'spec': dataclasses.asdict(world_spec(spec)),
+          'refresh': 'lockstep' if options.get('lockstep') else 'async'}
+
+
+def finish(spec: preset_lib.Preset, work_dir: str, results: dict,
+           qa_ran: bool) -> dict:
+  """Each run's held-out curve, and the comparisons of their scores."""
+  del results, qa_ran
+  names = [s.args['run_dir'] for s in spec.stages if s.kind == 'realm']
+  return {'curves': {name: held_out_curve(os.path.join(work_dir, name))
+                     for name in names},
+          'comparisons': comparisons(world_spec(spec),
+                                     os.path.join(work_dir, 'eval'), names)}
+
+
 def run(work_dir: str = 'runs/world', preset: str = 'world',
         docs_dir: str | None = None, seed: int = 0,
         lockstep: bool = False) -> dict:
-  """Every stage in order, each run's parameters, dropout and data order
-  from `seed` (the world itself is the preset's); returns (and writes) the
-  results."""
-  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
-  if preset not in PRESETS:
-    raise errors.BadConfig(f'preset={preset!r}; expected one of '
-                           f'{sorted(PRESETS)}.')
-  sizes = PRESETS[preset]
-  work_dir = os.path.abspath(work_dir)
-  # The world's corpus and arrays live in the work_dir, not beside the
-  # demo's (the index builder's process inherits these).
-  os.environ[corpus.CORPUS_ROOT_ENV] = os.path.join(work_dir, 'corpora')
-  os.environ[example_arrays.ROOT_ENV] = os.path.join(work_dir, 'arrays')
-  stages = demo.Stages(work_dir)
-  d = lambda name: os.path.join(work_dir, name)
-  results = {'preset': preset, 'spec': dataclasses.asdict(sizes.spec),
-             'sizes': {k: v for k, v in dataclasses.asdict(sizes).items()
-                       if k != 'spec'},
-             'seed': seed, 'refresh': 'lockstep' if lockstep else 'async'}
-  timings = {}
-
-  def stage(name, fn, *args, **kwargs):
-    record = stages.run(name, lambda: fn(*args, **kwargs))
-    timings[name] = record['seconds']
-    return record
-
-  results['world'] = stage('world', make_world, sizes.spec)
-  results['machine'] = stages.run('machine', demo.machine)
-  stage('ict', train_ict, d('ict'), sizes, seed)
-  stage('reader', train_reader, d('reader'), sizes, seed)
-  # Each run's bindings and its index builder's stale factor (None: none).
-  runs = {'realm': ((), 1), 'baseline': (('Pretrain.num_candidates=1',),
-                                         None),
-          'frozen': (('Pretrain.train_retriever=False',), None),
-          # Scored as the others are, on the same queries: where they began.
-          'start': (('train.num_steps=0', 'bert_adamw.warmup_steps=0'),
-                    None)}
-  if sizes.ablations:
-    runs['stale'] = ((), STALE_FACTOR)
-  for name, (bindings, factor) in runs.items():
-    results[f'pretrain_{name}'] = stage(
-        f'pretrain_{name}', pretrain, d(name), d('ict'), d('reader'), sizes,
-        *bindings, stale_factor=factor, seed=seed, lockstep=lockstep)
-  results['held_out'] = {
-      name: stage(f'score_{name}', score, d(name), d('eval'), name)
-      for name in runs}
-  results['no_document'] = stage(
-      'score_no_document', score, d('realm'), d('eval'), 'no_document',
-      world.no_document_task(CORPUS))
-  if sizes.ablations:
-    results['edit'] = stage('edit', edit_check, sizes, d('realm'),
-                            d('eval'))
-  results['curves'] = {name: held_out_curve(d(name)) for name in runs}
-  results['comparisons'] = comparisons(sizes, d('eval'), list(runs))
-  results['timings'] = timings
-  report(results, work_dir, docs_dir)
-  return results
+  """Every stage of `preset` in order, each run's parameters, dropout and
+  data order from `seed` (the world itself is the preset's); returns (and
+  writes) the results."""
+  return runner.run(FAMILY, work_dir, preset, docs_dir, seed,
+                    lockstep=lockstep)
 
 
 def prior_rows(spec: world.WorldSpec, rows: list[dict]) -> list[dict]:
@@ -391,9 +274,10 @@ def prior_rows(spec: world.WorldSpec, rows: list[dict]) -> list[dict]:
            'log_likelihood': 0.0} for q, r in zip(queries, rows)]
 
 
-def comparisons(sizes: WorldPreset, eval_dir: str, names: list[str]) -> dict:
+def comparisons(spec: world.WorldSpec, eval_dir: str, names: list[str]
+                ) -> dict:
   rows = {name: masked_lm.read_queries(eval_dir, name) for name in names}
-  rows['prior'] = prior_rows(sizes.spec, rows['realm'])
+  rows['prior'] = prior_rows(spec, rows['realm'])
   out = {f'realm_vs_{b}': masked_lm.compare(rows['realm'], rows[b])
          for b in ('baseline', 'prior', 'stale', 'frozen', 'start')
          if b in rows}
@@ -683,7 +567,7 @@ def run_repeats(work_dir: str, preset: str, docs_dir: str | None,
                  lockstep) for seed in range(runs)]
   summary = repeats.spread(results, figures)
   first = results[0]
-  interval = PRESETS[preset].refresh_interval
+  interval = preset_lib.load(preset).sizes['refresh_interval']
   m = first['machine']
   text = '\n'.join([
       f'# realm-jax `{preset}` over {runs} runs: REALM in a controlled '
@@ -707,3 +591,7 @@ def run_repeats(work_dir: str, preset: str, docs_dir: str | None,
   record = {'preset': preset, 'repeats': summary, 'runs': results}
   report(first, work_dir, docs_dir, text, record)
   return record
+
+
+FAMILY = runner.Family('world', KINDS, lambda spec: False, begin, finish,
+                       report)

@@ -1,0 +1,211 @@
+"""One runner for every preset (`preset.Preset`): each stage once, in its
+order, planned against the preset's last record and timed; a finished
+stage's marker makes a re-run skip it, and a training stage resumes from
+its checkpoints.
+
+A stage's kind is a function of the run's `Context` and the stage's args.
+The kinds every family shares are here ('machine', 'train'); a family
+module (`demo`, the Wikipedia leads) adds its own, starts the results, and
+writes the report.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import time
+from typing import Callable, NamedTuple
+
+from etils import epath
+
+from realm_jax import errors, launch_local, run_directory, stage_plan
+from realm_jax.experiments import machine as machine_lib
+from realm_jax.experiments import preset as preset_lib
+from realm_jax.index import publication
+from realm_jax.training import curves, run_loader
+
+log = logging.getLogger(__name__)
+
+DOCS_RESULTS = epath.Path(os.path.dirname(os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))))) / 'docs' / 'results'
+
+
+class Stages:
+  """Runs each stage once; a finished stage's marker makes re-runs skip it."""
+
+  def __init__(self, work_dir: str):
+    self.dir = epath.Path(work_dir) / 'stages'
+    self.dir.mkdir(parents=True, exist_ok=True)
+
+  def done(self, name: str) -> dict | None:
+    path = self.dir / f'{name}.json'
+    return json.loads(path.read_text()) if path.exists() else None
+
+  def run(self, name: str, fn, *args) -> dict:
+    finished = self.done(name)
+    if finished is not None:
+      log.info('== %s: done before (%.0fs), skipped', name,
+               finished['seconds'])
+      return finished
+    log.info('== %s', name)
+    start = time.perf_counter()
+    result = fn(*args) or {}
+    record = {'seconds': time.perf_counter() - start, **result}
+    # Written whole, then renamed: a killed stage leaves no marker.
+    (self.dir / f'{name}.json.tmp').write_text(json.dumps(record, indent=2))
+    (self.dir / f'{name}.json.tmp').replace(self.dir / f'{name}.json')
+    log.info('== %s: %.0fs', name, record['seconds'])
+    return record
+
+
+@dataclasses.dataclass
+class Context:
+  """What a stage's kind is handed: the preset, where its runs live, the
+  run's seed, the results so far, the stage's share of the budget and the
+  run's options (the world's `lockstep`)."""
+  preset: preset_lib.Preset
+  work_dir: str
+  seed: int
+  results: dict
+  time_limit_s: float | None = None
+  options: dict = dataclasses.field(default_factory=dict)
+
+  def dir(self, name: str) -> str:
+    return os.path.join(self.work_dir, name)
+
+
+def train(ctx: Context, run: str, bindings: dict, run_dir: str,
+          builder: dict | None = None, poll_seconds: float = 1,
+          refresh_timeout: float = 600, corpus_dir: str | None = None
+          ) -> dict:
+  """`realm-jax train` of gin/runs/<run>.gin with the preset's gin files
+  and `bindings` (the run's seed and its share of the budget added); with
+  `builder` (the index builder's own bindings, which the trainer reads
+  too), the builder beside it as a process of its own
+  (`launch_local`). Returns the step it reached and its step time, and
+  with a builder how stale the indexes it read were."""
+  model_dir = ctx.dir(run_dir)
+  bindings = {**bindings, **(builder or {}), 'train.seed': ctx.seed}
+  if ctx.time_limit_s is not None:
+    bindings['train.time_limit_s'] = round(ctx.time_limit_s)
+  lines = preset_lib.gin_bindings(bindings, ctx.work_dir)
+  files = [f'gin/runs/{run}.gin', *ctx.preset.run_gin, ctx.preset.setup]
+  if builder is None:
+    run_loader.configure(files, lines)
+    run_loader.train(model_dir)
+    return reached(model_dir)
+  launch_local.run(
+      model_dir,
+      train_args=[*(f'--gin_file={f}' for f in files),
+                  *(f'--gin_bindings={line}' for line in lines)],
+      refresh_args=[f'--gin_file={ctx.preset.setup}',
+                    f'--poll_seconds={poll_seconds}',
+                    *([f'--corpus_dir={corpus_dir}'] if corpus_dir else []),
+                    *(f'--gin_bindings={line}' for line in
+                      preset_lib.gin_bindings(builder, ctx.work_dir))],
+      refresh_timeout=refresh_timeout)
+  return {**freshness(model_dir), **reached(model_dir)}
+
+
+def reached(model_dir: str) -> dict:
+  """The step a training stage ended at (below its steps when its share
+  of the budget ran out) and its median step time (what the next run's
+  plan expects, `stage_plan`)."""
+  kept = run_directory.reload(run_directory.trainer_checkpoints(model_dir))
+  _, seconds = curves.read_metrics(os.path.join(
+      model_dir, 'train_metrics.jsonl')).get('step_seconds', ([], []))
+  return {'steps_reached': kept[-1] if kept else 0,
+          'step_seconds': statistics.median(seconds) if seconds else None}
+
+
+def freshness(model_dir: str) -> dict:
+  """How stale the indexes a run read were, and which it kept."""
+  _, staleness = curves.read_metrics(os.path.join(
+      model_dir, 'train_metrics.jsonl')).get('index_staleness', ([], []))
+  return {'index_steps_kept': run_directory.reload(publication.index_manager(
+      run_directory.index_dir(model_dir), read_only=True)),
+          'mean_index_staleness': (sum(staleness) / len(staleness)
+                                   if staleness else None),
+          'max_index_staleness': max(staleness) if staleness else None}
+
+
+KINDS = {'machine': lambda ctx: machine_lib.machine(), 'train': train}
+
+
+class Family(NamedTuple):
+  """What a family of presets (`Preset.family`, its name) adds to the
+  runner: its stage kinds; whether its QA stages can run
+  (`has_qa(preset)`); what it sets up and adds to the results before the
+  first stage (`begin(preset, work_dir, options)`) and after the last
+  (`finish(preset, work_dir, results, qa_ran)`: its comparisons); and its
+  report (`report(results, work_dir, docs_dir)`)."""
+  name: str
+  kinds: dict
+  has_qa: Callable
+  begin: Callable
+  finish: Callable
+  report: Callable
+
+
+def _keep(results: dict, where: str, record: dict) -> None:
+  *parents, last = where.split('/')
+  for key in parents:
+    results = results.setdefault(key, {})
+  results[last] = record
+
+
+def run(family: Family, work_dir: str, name: str,
+        docs_dir: str | None = None, seed: int = 0, **options) -> dict:
+  """Every stage of preset `name` (a shipped preset or a preset file) in
+  order, each run's parameters, dropout and data order from `seed`, then
+  the comparisons and the report (into `docs_dir` too, the record, when
+  given). `family`: the kinds, comparisons and report the preset's
+  family adds; `options` go to its `begin` and to every stage."""
+  spec = preset_lib.load(name)
+  if spec.family != family.name:
+    raise errors.BadConfig(f'preset {name!r} is of the {spec.family!r} '
+                           f'family, not {family.name!r}.')
+  if epath.Path(work_dir).exists() and not epath.Path(work_dir).is_dir():
+    raise errors.BadConfig(f'--work_dir {work_dir} is a file; a preset '
+                           'writes its runs into a directory.')
+  # This process trains too while launch_local's two jobs share the GPU.
+  os.environ.setdefault(launch_local.PREALLOCATE, 'false')
+  if '://' not in work_dir:
+    work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
+  kinds = {**KINDS, **family.kinds}
+  unknown = sorted({s.kind for s in spec.stages} - set(kinds))
+  if unknown:
+    raise errors.BadConfig(f'preset {name!r}: no stage kind {unknown}; '
+                           f'expected one of {sorted(kinds)}.')
+  has_qa = family.has_qa(spec)
+  stages = [s for s in spec.stages if has_qa or not s.needs_qa]
+  results = {'preset': os.path.basename(name).removesuffix('.py'),
+             'sizes': spec.sizes, 'seed': seed,
+             **family.begin(spec, work_dir, options)}
+  timings = {}
+  plan = stage_plan.Plan(
+      [s.name for s in stages if s.timed], spec.sizes,
+      stage_plan.recorded(results['preset'], DOCS_RESULTS),
+      spec.budget_minutes and 60 * spec.budget_minutes)
+  print(f'realm-jax demo --preset={results["preset"]}: the plan\n'
+        + '\n'.join(plan.lines()), flush=True)
+  done = Stages(work_dir)
+  for stage in stages:
+    limit = (None if not stage.timed or done.done(stage.name)
+             or stage.kind != 'train' else plan.time_limit(stage.name))
+    ctx = Context(spec, work_dir, seed, results, limit, options)
+    args = {'run_dir': stage.name, **stage.args} if stage.kind == 'train' else (
+        stage.args)
+    record = done.run(stage.name,
+                      lambda s=stage, a=args, c=ctx: kinds[s.kind](c, **a))
+    if stage.timed:
+      timings[stage.name] = record['seconds']
+      plan.finish(stage.name)
+    where = stage.name if stage.result is None else stage.result
+    if where:
+      _keep(results, where, record)
+  results.update(family.finish(spec, work_dir, results, has_qa))
+  results['timings'] = timings
+  family.report(results, work_dir, docs_dir)
+  return results
