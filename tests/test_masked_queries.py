@@ -321,3 +321,20 @@ def test_the_task_names_of_pre_training_name_their_corpus_and_masking():
   assert task_names.masked_lm(task_names.ict('wiki_leads')) is None
   assert task_names.masked_lm(
       task_names.held_out('world') + '_no_document') is None
+
+
+@pytest.mark.integration
+def test_the_arrays_source_opens_a_corpus_once_for_every_read(
+    spans_root, small_corpus_env, monkeypatch):
+  monkeypatch.setenv(example_arrays.ROOT_ENV, spans_root)
+  opened, load = [], corpus.load_metadata
+  monkeypatch.setattr(corpus, 'load_metadata',
+                      lambda path: opened.append(path) or load(path))
+  source = arrays.ArraysSource()
+  task = task_names.pretrain('wiki_leads', 'salient')
+  position = source.position(task, 1)
+  count = source.example_count(task, 'train', SHAPES)
+  batch = next(source.batches(task, 'train', SHAPES, 4))
+  assert position['spans_fingerprint'] and count > 0
+  assert len(batch['block_id']) == 4
+  assert len(opened) == 1, opened

@@ -11,8 +11,9 @@ import jax
 from etils import epath
 
 from realm_jax import default_files
-from realm_jax.data import (block_store, corpus, example_arrays,
-                            masked_queries, span_arrays, task_names)
+from realm_jax.data import (corpus, example_arrays, masked_queries, span_arrays,
+                            task_names)
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.input.source import Questions, Source
 
@@ -26,12 +27,14 @@ def directory(task: str, split: str, root: str | None = None) -> epath.Path:
   return example_arrays.directory(task, split, root)
 
 
-def draws(task: str, split: str, root: str | None = None
+def draws(task: str, split: str, root: str | None = None,
+          open_corpus=lambda name: OpenCorpus(corpus.corpus_dir(name))
           ) -> masked_queries.Draws | None:
   """A pre-training task's queries, drawn from its corpus's span arrays
-  where those are (checked against the vocabulary and the corpus); None
-  for examples exported under the task's own name (every other task, and
-  the controlled world's queries, `data.world`)."""
+  where those are (checked against the vocabulary and the corpus, which
+  `open_corpus(name)` opens); None for examples exported under the task's
+  own name (every other task, and the controlled world's queries,
+  `data.world`)."""
   parsed = task_names.masked_lm(task)
   if parsed is None:
     return None
@@ -39,12 +42,11 @@ def draws(task: str, split: str, root: str | None = None
   path = span_arrays.directory(corpus_name, split, root)
   if not (path / example_arrays.METADATA).is_file():
     return None
-  corpus_dir = corpus.corpus_dir(corpus_name)
-  spans = span_arrays.SpanArrays(path, block_store.open_store(corpus_dir))
+  opened = open_corpus(corpus_name)
+  spans = span_arrays.SpanArrays(path, opened.store())
   spans.check(
       vocab_fingerprint=corpus.vocab_hash(default_files.task_vocab()),
-      corpus_fingerprint=corpus.load_metadata(corpus_dir)[
-          'corpus_fingerprint'])
+      corpus_fingerprint=opened.fingerprint)
   return masked_queries.Draws(spans, masking,
                               WordPieceTokenizer(default_files.task_vocab()))
 
@@ -57,6 +59,20 @@ class ArraysSource(Source):
 
   def __init__(self, root: str | None = None):
     self.root = root
+    self._corpora, self._draws = {}, {}
+
+  def corpus(self, name: str) -> OpenCorpus:
+    """Corpus `name`, opened once for every split and task read."""
+    if name not in self._corpora:
+      self._corpora[name] = OpenCorpus(corpus.corpus_dir(name))
+    return self._corpora[name]
+
+  def draws(self, task: str, split: str) -> masked_queries.Draws | None:
+    """`draws` of a split, made once: a run asks for its position, its
+    count and its batches."""
+    if (task, split) not in self._draws:
+      self._draws[task, split] = draws(task, split, self.root, self.corpus)
+    return self._draws[task, split]
 
   def open(self, task: str, split: str, shapes: dict
            ) -> example_arrays.ExampleArrays:
@@ -64,10 +80,11 @@ class ArraysSource(Source):
     and (for a corpus's task) the corpus as it is now."""
     arrays = example_arrays.ExampleArrays(
         example_arrays.directory(task, split, self.root))
-    expected = {'vocab_fingerprint': corpus.vocab_hash(default_files.task_vocab())}
+    expected = {'vocab_fingerprint': corpus.vocab_hash(
+        default_files.task_vocab())}
     if arrays.metadata.get('corpus_name'):
-      expected['corpus_fingerprint'] = corpus.load_metadata(corpus.corpus_dir(
-          arrays.metadata['corpus_name']))['corpus_fingerprint']
+      expected['corpus_fingerprint'] = self.corpus(
+          arrays.metadata['corpus_name']).fingerprint
     arrays.check(shapes, **expected)
     return arrays
 
@@ -75,7 +92,7 @@ class ArraysSource(Source):
               num_epochs=None, skip_batches=0, data_shards=None,
               drop_remainder=True):
     del data_shards  # The order depends on the seed alone.
-    drawn = draws(task, split, self.root)
+    drawn = self.draws(task, split)
     if drawn is not None:
       return masked_queries.batches(
           drawn, shapes, batch_size, seed, shuffle, num_epochs, skip_batches,
@@ -86,7 +103,7 @@ class ArraysSource(Source):
         drop_remainder)
 
   def example_count(self, task, split, shapes):
-    drawn = draws(task, split, self.root)
+    drawn = self.draws(task, split)
     if drawn is not None:
       return drawn.count
     return self.open(task, split, shapes).count
@@ -96,7 +113,7 @@ class ArraysSource(Source):
     examples; spans written again, other queries), whatever the number of
     processes."""
     del data_shards
-    drawn = draws(task, 'train', self.root)
+    drawn = self.draws(task, 'train')
     if drawn is not None:
       return {'source': self.kind,
               'spans_fingerprint': drawn.spans.metadata['fingerprint']}
