@@ -1,2 +1,4 @@
-"""The presets: the demo, reproduce, end_to_end and GPU stages (`demo`) and
-the controlled world (`world_demo`), each run end to end by one command."""
+"""The presets: one file each (`presets/`, data: stages, runs, bindings,
+comparisons), the one runner that executes any of them (`runner`), and the
+stage kinds and reports of their two families, the Wikipedia leads
+(`demo`) and the controlled world (`world_demo`)."""
