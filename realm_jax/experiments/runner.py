@@ -62,10 +62,11 @@ class Stages:
 @dataclasses.dataclass
 class Context:
   """What a stage's kind is handed: the preset, where its runs live, the
-  run's seed, the results so far, the stage's share of the budget and the
-  run's options (the world's `lockstep`)."""
+  stage's name, the run's seed, the results so far, the stage's share of
+  the budget and the run's options (the world's `lockstep`)."""
   preset: preset_lib.Preset
   work_dir: str
+  stage: str
   seed: int
   results: dict
   time_limit_s: float | None = None
@@ -75,7 +76,7 @@ class Context:
     return os.path.join(self.work_dir, name)
 
 
-def train(ctx: Context, run: str, bindings: dict, run_dir: str,
+def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
           builder: dict | None = None, poll_seconds: float = 1,
           refresh_timeout: float = 600, corpus_dir: str | None = None
           ) -> dict:
@@ -84,8 +85,9 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str,
   `builder` (the index builder's own bindings, which the trainer reads
   too), the builder beside it as a process of its own
   (`launch_local`). Returns the step it reached and its step time, and
-  with a builder how stale the indexes it read were."""
-  model_dir = ctx.dir(run_dir)
+  with a builder how stale the indexes it read were. `run_dir`: under the
+  work_dir (default: the stage's name)."""
+  model_dir = ctx.dir(run_dir or ctx.stage)
   bindings = {**bindings, **(builder or {}), 'train.seed': ctx.seed}
   if ctx.time_limit_s is not None:
     bindings['train.time_limit_s'] = round(ctx.time_limit_s)
@@ -192,13 +194,12 @@ def run(family: Family, work_dir: str, name: str,
         + '\n'.join(plan.lines()), flush=True)
   done = Stages(work_dir)
   for stage in stages:
+    # A training stage's share of what is left of the budget.
     limit = (None if not stage.timed or done.done(stage.name)
-             or stage.kind != 'train' else plan.time_limit(stage.name))
-    ctx = Context(spec, work_dir, seed, results, limit, options)
-    args = {'run_dir': stage.name, **stage.args} if stage.kind == 'train' else (
-        stage.args)
+             else plan.time_limit(stage.name))
+    ctx = Context(spec, work_dir, stage.name, seed, results, limit, options)
     record = done.run(stage.name,
-                      lambda s=stage, a=args, c=ctx: kinds[s.kind](c, **a))
+                      lambda s=stage, c=ctx: kinds[s.kind](c, **s.args))
     if stage.timed:
       timings[stage.name] = record['seconds']
       plan.finish(stage.name)

@@ -20,7 +20,7 @@ def test_locators_return_the_shipped_files():
 
 @pytest.mark.integration
 def test_locating_imports_none_of_the_packages():
-  code = ('import sys; from realm_jax import embedded; '
+  code = ('import sys; from realm_jax import default_files; '
           'default_files.minilm_dir(); default_files.wiki_leads_json(); '
           'default_files.ner_model_dir(); '
           'heavy = {"spacy", "tensorflow", "jax", default_files.MINILM_PACKAGE, '
