@@ -55,12 +55,12 @@ def add_parser(command, flags) -> None:
 
 
 def run(args) -> None:
-  from realm_jax.experiments import demo, world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo, runner, world_demo  # pylint: disable=g-import-not-at-top
   from realm_jax.experiments import preset as preset_lib  # pylint: disable=g-import-not-at-top
   family = preset_lib.load(args.preset).family
   work_dir = args.work_dir or os.path.join(
       'runs', os.path.basename(args.preset).removesuffix('.py'))
-  docs_dir = os.fspath(demo.DOCS_RESULTS) if args.record else None
+  docs_dir = os.fspath(runner.DOCS_RESULTS) if args.record else None
   if args.repeats < 1:
     raise errors.BadConfig(f'--repeats={args.repeats}: at least 1.')
   if family == 'world':

@@ -64,9 +64,6 @@ PAPER_TABLE2 = {'realm': (38.2, 38.5), 'orqa': (31.3, None),
                 'ict': (None, 13.9)}  # (NQ dev EM, recall@5)
 
 
-DOCS_RESULTS = runner.DOCS_RESULTS
-
-
 def build_corpus() -> dict:
   from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   directory = corpus.corpus_dir('wiki_leads')

@@ -17,7 +17,7 @@ PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 
 @dataclasses.dataclass(frozen=True)
 class Dir:
-  """A run directory of the preset's work_dir, named by its stage's `dir`:
+  """A run directory of the preset's work_dir, by its stage's `run_dir`:
   where one stage's run reads another's (a warm start)."""
   name: str
 

@@ -16,9 +16,8 @@ PRESET = Preset(
            'pretrain_steps': PRETRAIN_STEPS,
            'refresh_interval': REFRESH_INTERVAL, 'finetune_steps': 0,
            'ablations': False, 'end_to_end': False, 'stale': False,
-           'setup': 'gin/setups/demo.gin', 'ict_batch': BATCH,
-           'reader_batch': BATCH, 'pretrain_batch': PRETRAIN_BATCH,
-           'prepared': False, 'budget_minutes': None},
+           'ict_batch': BATCH, 'reader_batch': BATCH,
+           'pretrain_batch': PRETRAIN_BATCH},
     stages=(
         # corpus, machine, ict, recall_ict, reader;
         *_wiki.warm_starts(ICT_STEPS, READER_STEPS, BATCH),

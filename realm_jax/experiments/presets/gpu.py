@@ -24,9 +24,8 @@ PRESET = Preset(
            'pretrain_steps': PRETRAIN_STEPS,
            'refresh_interval': REFRESH_INTERVAL, 'finetune_steps': 0,
            'ablations': False, 'end_to_end': False, 'stale': True,
-           'setup': SETUP, 'ict_batch': BATCH, 'reader_batch': BATCH,
-           'pretrain_batch': PRETRAIN_BATCH, 'prepared': True,
-           'budget_minutes': 8},
+           'ict_batch': BATCH, 'reader_batch': BATCH,
+           'pretrain_batch': PRETRAIN_BATCH},
     stages=(
         # corpus, machine, ict, recall_ict, reader;
         *_wiki.warm_starts(ICT_STEPS, READER_STEPS, BATCH),
