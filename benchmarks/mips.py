@@ -261,7 +261,7 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
   platform's default, bigger chunks (fewer kernel launches; [512 x chunk]
   float32 scores: 2 GB at 1M rows), group sizes, the one-pass `top_k`,
   small chunks (their scores fit in the L2 cache), unrolled scans, the
-  previous default and `approx_max_k`."""
+  previous defaults and `approx_max_k`."""
   from realm_jax.index.exact import Selection, selection_for  # pylint: disable=g-import-not-at-top
   default = selection_for(platform)
   if quick:
@@ -281,7 +281,7 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
             Selection(1 << 19, 'two_stage', 128),
             Selection(1 << 21, 'two_stage', 128),
             *(Selection(1 << 20, 'two_stage', g) for g in (256, 512, 64, 32)),
-            *(Selection(1 << 18, 'two_stage', g) for g in (256, 512)),
+            *(Selection(1 << 18, 'two_stage', g) for g in (128, 256, 512)),
             Selection(1 << 18, 'top_k'), Selection(1 << 20, 'top_k'),
             Selection(1 << 16, 'two_stage', 128),
             Selection(1 << 16, 'two_stage', 128, unroll=4),

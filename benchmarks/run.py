@@ -104,7 +104,8 @@ ACCELERATOR_COLUMNS = {
     'train_step': ('REALM pre-training step, paper shapes, bfloat16', [
         ('device', 'device', str), ('compiler', 'compiler', str),
         ('model', 'model', str), ('setup', 'setup', str),
-        ('batch', 'batch', _number), ('step ms', 'step_ms', _ms),
+        ('batch', 'batch', _number), ('remat', 'remat', str),
+        ('step ms', 'step_ms', _ms),
         ('examples/s', 'examples_per_s', _number),
         ('model TFLOP/step', 'model_tflop_per_step', _number),
         ('MFU', 'mfu', _percent),

@@ -22,7 +22,8 @@ STEPS = {'ict': 'ict_steps', 'reader': 'reader_steps',
 KINDS = ('pretrain_realm', 'masked_lm_realm', 'recall_ict')
 
 
-def _steps_of(stage: str, sizes: dict) -> int | None:
+def steps_of(stage: str, sizes: dict) -> int | None:
+  """The steps `sizes` gives training stage `stage` (None: not one)."""
   for prefix, size in STEPS.items():
     if stage == prefix or prefix.endswith('_') and stage.startswith(prefix):
       return sizes.get(size)
@@ -56,7 +57,10 @@ class Plan:
          and k in timings), None)
     if seen is None:
       return None
-    steps, steps_then = _steps_of(stage, self.sizes), _steps_of(seen, then)
+    # A stage cut by its budget share ran the steps it reached.
+    steps = steps_of(stage, self.sizes)
+    steps_then = (record.get(seen) or {}).get('steps_reached') or steps_of(
+        seen, then)
     if not (steps and steps_then):
       return timings[seen]
     step_s = (record.get(seen) or {}).get('step_seconds') or (
@@ -75,7 +79,7 @@ class Plan:
     """The plan as a table, with the budget and the source of the times."""
     show = lambda v: '?' if v is None else f'{v:.0f}'
     lines = ['| stage | steps | expected s |', '|---|---|---|']
-    lines += [f'| {s} | {_steps_of(s, self.sizes) or ""} | '
+    lines += [f'| {s} | {steps_of(s, self.sizes) or ""} | '
               f'{show(self.expected[s])} |' for s in self.stages]
     total = self.total()
     lines.append(f'| total | | {show(total)} |')
@@ -113,9 +117,15 @@ class Plan:
 
 
 def recorded(preset: str, docs_dir: epath.Path) -> dict | None:
-  """The preset's last recorded run (docs/results/<preset>.json), if any."""
-  path = docs_dir / f'{preset}.json'
-  try:
-    return json.loads(path.read_text())
-  except (FileNotFoundError, ValueError):
-    return None
+  """The newest measure of the preset's stages, by its 'date' (a record
+  without one is the oldest): its last recorded run (docs/results/
+  <preset>.json), or a run cut short to time its stages
+  (<preset>_stage_times*.json, of the same form)."""
+  found = []
+  for path in [docs_dir / f'{preset}.json',
+               *sorted(docs_dir.glob(f'{preset}_stage_times*.json'))]:
+    try:
+      found.append(json.loads(path.read_text()))
+    except (FileNotFoundError, ValueError):
+      continue
+  return max(found, key=lambda record: record.get('date', ''), default=None)

@@ -215,6 +215,22 @@ def test_on_an_accelerator_the_table_names_the_device_the_step_and_stale():
   assert 'Device:' not in on_cpu and 'GFLOP/s in JAX.' in on_cpu
 
 
+def test_stages_their_budget_stopped_are_named_before_the_settings():
+  sizes = {'ict_steps': 500, 'reader_steps': 1250, 'pretrain_steps': 1250}
+  results = {'machine': {'cpu': 'AMD EPYC'}, 'sizes': sizes,
+             'ict': {'steps_reached': 2, 'step_seconds': 9.5},
+             'reader': {'steps_reached': 1250},
+             'pretrain_realm': {'steps_reached': 74},
+             'pretrain_baseline': {'steps_reached': 1250}}
+  text = demo.markdown(results, {})
+  assert ('**Stopped by the time budget:** ict reached step 2 of 500; '
+          'pretrain_realm reached step 74 of 1,250.' in text)
+  assert text.index('Stopped by') < text.index('REALM pre-training 1250')
+  whole = {**results, 'ict': {'steps_reached': 500},
+           'pretrain_realm': {'steps_reached': 1250}}
+  assert 'Stopped by' not in demo.markdown(whole, {})
+
+
 def test_the_runs_a_preset_reads_carry_their_own_bindings():
   gpu = preset_lib.load('gpu')
   runs = demo.example_runs(gpu)

@@ -2,6 +2,7 @@
 through it, stage by stage, and a re-run skips what is done; a preset file
 is checked before anything runs."""
 
+import datetime
 import json
 import os
 
@@ -23,6 +24,10 @@ def test_a_preset_that_is_only_a_file_runs_through_the_runner(
   assert list(results['timings']) == ['corpus', 'ict', 'pretrain_realm',
                                       'masked_lm_realm']
   assert results['ict']['steps_reached'] == 2
+  # Its one logged row (steps 1 and 2) holds the compiling first step: no
+  # step time is recorded for the next plan to expect.
+  assert results['ict']['step_seconds'] is None
+  assert results['date'] == datetime.date.today().isoformat()
   assert results['masked_lm']['realm']['queries'] > 0
   assert 'the plan' in capsys.readouterr().out
   saved = json.loads((tmp_path / 'work' / 'results.json').read_text())

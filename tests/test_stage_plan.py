@@ -1,7 +1,10 @@
 """A preset's plan: expected times from its recorded run, and the budget
 shared out among the stages still to run."""
 
+import json
+
 import pytest
+from etils import epath
 
 from realm_jax import stage_plan
 
@@ -36,6 +39,27 @@ def test_each_stage_is_expected_from_the_record_at_its_steps_now():
   on_cpu = {**RECORD, 'machine': {'cpu': 'AMD EPYC', 'cores': 2}}
   assert 'recorded run on AMD EPYC, 2 cores' in '\n'.join(
       stage_plan.Plan(STAGES, SIZES, on_cpu).lines())
+
+
+def test_a_stage_its_budget_stopped_is_expected_from_the_steps_it_reached():
+  # The record's REALM run stopped at step 20 of 100: 70 s = a 66 s start
+  # and 20 steps of 0.2 s; its 400 steps now take 66 + 80 s.
+  cut = {**RECORD, 'pretrain_realm': {'step_seconds': 0.2,
+                                      'steps_reached': 20}}
+  plan = stage_plan.Plan(STAGES, SIZES, cut)
+  assert plan.expected['pretrain_realm'] == pytest.approx(146.0)
+
+
+def test_the_newest_measure_of_the_stages_is_the_one_planned_from(tmp_path):
+  docs = epath.Path(tmp_path)
+  assert stage_plan.recorded('gpu', docs) is None
+  (docs / 'gpu.json').write_text(json.dumps(RECORD))  # No date: the oldest.
+  assert stage_plan.recorded('gpu', docs) == RECORD
+  timed = {**RECORD, 'date': '2026-11-27', 'timings': {'ict': 5.0}}
+  (docs / 'gpu_stage_times_h100.json').write_text(json.dumps(timed))
+  assert stage_plan.recorded('gpu', docs)['timings'] == {'ict': 5.0}
+  (docs / 'gpu.json').write_text(json.dumps({**RECORD, 'date': '2026-12-01'}))
+  assert stage_plan.recorded('gpu', docs)['date'] == '2026-12-01'
 
 
 def test_without_a_record_nothing_is_expected_and_without_a_budget_no_limit():

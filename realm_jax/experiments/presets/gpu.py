@@ -4,10 +4,11 @@ every BERT, blocks of 128 wordpieces, 8 candidates, the 30x stale index.
 Each run sees 100x the demo's queries (ICT 128,000, the reader 320,000,
 pre-training 80,000, drawn from every salient span of the training blocks,
 none twice before each once: `data.masked_queries`). Batch 128 of
-pre-training ran out of an H100's 80 GB. About 24 minutes on one H100 by
-the per-stage times of its first run (docs/results/gpu.md): the budget
-shares launch/gpu_demo.sh's 9 minutes, less its install and the bundle's
-check, among the stages."""
+pre-training ran out of an H100's 80 GB. About 9 minutes of stages on one
+H100 by the stage times measured there on 2026-11-27 (docs/results/
+gpu_stage_times_h100_2026-11-27.json, what the plan reads until a whole
+run is recorded), against a budget of 8: launch/gpu_demo.sh's 9 minutes,
+less its install and the bundle's check, shared among the stages."""
 
 from realm_jax.experiments.preset import Preset
 from realm_jax.experiments.presets import _wiki
