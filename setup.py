@@ -43,6 +43,8 @@ TPU = ['jax[tpu]>=0.10.2']
 # The benchmarks' peers: faiss-cpu, and Hugging Face's PyTorch BERT (the CPU
 # wheel of torch; transformers at a release that loads it).
 BENCH = ['faiss-cpu>=1.8', 'torch==2.13.0', 'transformers==5.23.0']
+# `realm-jax export` and `import --export` write and read FAISS's index.
+EXPORT = ['faiss-cpu>=1.8']
 
 setuptools.setup(
     name='realm-jax',
@@ -57,8 +59,10 @@ setuptools.setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={'tf': TF,
                     'test': ['pytest>=8', 'pytest-xdist>=3.5',
-                             'hypothesis>=6.100', *BENCH],
-                    'bench': BENCH, 'tpu': TPU},
+                             'hypothesis>=6.100', *BENCH,
+                             # The export's parts, loaded as users load them.
+                             'sentence-transformers==6.2.0'],
+                    'bench': BENCH, 'export': EXPORT, 'tpu': TPU},
     entry_points={'console_scripts': ['realm-jax=realm_jax.main:run']},
     license='Apache-2.0',
 )

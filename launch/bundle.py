@@ -20,7 +20,6 @@ bundle over the limit is refused, naming each part's size, and never written.
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import pathlib
@@ -95,14 +94,6 @@ def _size(path: pathlib.Path) -> int:
   if path.is_file():
     return path.stat().st_size
   return sum(f.stat().st_size for f in path.rglob('*') if f.is_file())
-
-
-def _sha256(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
-  with path.open('rb') as f:
-    for chunk in iter(lambda: f.read(MIB), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def _wheels(target: pathlib.Path, requirements, wheels_from) -> list[str]:
@@ -308,7 +299,7 @@ def build(output_dir: str = 'bundle', runs=None, bindings=(),
                   for name, part in parts.items()},
         'use': usage(output_dir),
         'files': {os.fspath(f.relative_to(staged)): {
-            'bytes': f.stat().st_size, 'sha256': _sha256(f)} for f in files},
+            'bytes': f.stat().st_size, 'sha256': checksums.sha256(f)} for f in files},
     }
     text = json.dumps(manifest, indent=1)
     sizes = {name: part['bytes'] for name, part in manifest['parts'].items()}
@@ -388,7 +379,7 @@ def check(bundle_dir) -> dict:
     path = root / listed
     if not path.is_file():
       raise errors.NotFound(f'{path} is missing (listed in {MANIFEST}).')
-    digest = _sha256(path)
+    digest = checksums.sha256(path)
     if digest != expected['sha256']:
       raise errors.BadInput(f'{path} is damaged: sha256 {digest}, but '
                             f'{MANIFEST} says {expected["sha256"]}.')

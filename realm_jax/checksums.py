@@ -23,6 +23,7 @@ google-crc32c's compiled code: about 10 GB/s a core, so a check costs a
 fraction of the read it guards.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -274,3 +275,13 @@ def checksummed(handler_class: type) -> type:
   Checksummed.__name__ = Checksummed.__qualname__ = (
       f'Checksummed{handler_class.__name__}')
   return Checksummed
+
+
+def sha256(path) -> str:
+  """The hex sha256 of a file's bytes (a manifest's fingerprint), read a
+  MiB at a time."""
+  digest = hashlib.sha256()
+  with epath.Path(path).open('rb') as f:
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+      digest.update(chunk)
+  return digest.hexdigest()

@@ -24,7 +24,8 @@ class MissingExtra(errors.UserError, ImportError):
   """A command that needs the TensorFlow extra, run where it is not."""
 
 
-def require(module: str, needed_for: str, instead: str | None = None):
+def require(module: str, needed_for: str, instead: str | None = None,
+            extra: str = EXTRA):
   """`module`, imported; else MissingExtra, one line naming what needed it
   and the extra to install (and `instead`: a TF-free way, if any)."""
   try:
@@ -32,5 +33,5 @@ def require(module: str, needed_for: str, instead: str | None = None):
   except ImportError as error:
     raise MissingExtra(
         f'{needed_for} needs {module.split(".")[0]}, which is not installed: '
-        f"pip install 'realm-jax[{EXTRA}]'"
+        f"pip install 'realm-jax[{extra}]'"
         + (f', or {instead}' if instead else '') + '.') from error

@@ -10,8 +10,8 @@ import traceback
 
 from realm_jax import errors
 from realm_jax.cli import (aot, ask, common, corpus, data, demo, embed,
-                           evaluate, fill, import_released, refresh, search,
-                           train)
+                           evaluate, export, fill, import_released, refresh,
+                           search, train)
 
 # Set (to anything but 0) to see the traceback of a user error too.
 DEBUG_ENV = 'REALM_JAX_DEBUG'
@@ -45,7 +45,7 @@ class _Version(argparse.Action):
 
 # Each command's module, in the order --help lists them.
 MODULES = (demo, data, embed, train, fill, evaluate, ask, search, refresh, aot,
-           import_released, corpus)
+           import_released, export, corpus)
 # The command's name -> its handler.
 COMMANDS = {module.COMMAND: module.run for module in MODULES}
 # Commands that read and print, and leave nothing to write when they return.

@@ -19,6 +19,7 @@ SHARED = {'checksums', 'default_files', 'distributed', 'errors', 'extras',
           'progress', 'quiet', 'run_directory', 'run_guard', 'stage_plan'}
 LAYERS = {'data': 1, 'models': 2, 'input': 2, 'index': 3, 'training': 3,
           'evaluation': 4, 'released': 4, 'launch_local': 4, 'aot': 5,
+          'export': 5,
           'experiments': 5, 'repeats': 5, 'record': 5, 'cli': 6, 'main': 7,
           'launch': 8, 'benchmarks': 9}
 

@@ -1,6 +1,7 @@
-"""`realm-jax import`: Google's released REALM as a run directory."""
+"""`realm-jax import`: Google's released REALM, or a realm-jax export, as a
+run directory."""
 
-
+from realm_jax import errors
 
 COMMAND = 'import'
 
@@ -11,7 +12,8 @@ def add_parser(command, flags) -> None:
       'import', help="Google's released REALM (TF-Hub modules, ORQA "
       "checkpoints or Hugging Face's port) as a run directory, with a "
       'published index of the released block embeddings and a corpus of '
-      'the released blocks (docs/released.md).',
+      'the released blocks (docs/released.md); or, with --export, a '
+      'realm-jax export read back.',
       epilog='e.g. realm-jax import --model_dir=runs/orqa_nq '
       '--source=orqa_nq_model_from_realm/export/best_default/checkpoint/'
       'model.ckpt-300000 --block_emb=cc_news_pretrained/embedder/encoded/'
@@ -19,11 +21,15 @@ def add_parser(command, flags) -> None:
       '--titles=enwiki-20181220/titles.tfr')
   released.add_argument('--model_dir', required=True,
                         help='The run directory to write (must not exist).')
-  released.add_argument('--source', action='append', required=True,
+  released.add_argument('--export', default=None,
+                        help='A directory `realm-jax export` wrote: its run '
+                        'read back from the exported files (the corpus it '
+                        'names must be under $REALM_CORPUS_DIR).')
+  released.add_argument('--source', action='append', default=[],
                         help='Released weights (repeatable): a TF checkpoint '
                         'prefix, a TF-Hub module or Hugging Face directory, '
                         'a .bin or .safetensors file; local or gs://.')
-  released.add_argument('--blocks', required=True,
+  released.add_argument('--blocks', default=None,
                         help='blocks.tfr or block_records.npy.')
   released.add_argument('--titles', default=None, help='titles.tfr.')
   released.add_argument('--block_emb', default=None,
@@ -38,6 +44,18 @@ def add_parser(command, flags) -> None:
 
 
 def run(args) -> None:
+  if args.export:
+    if args.source or args.blocks:
+      raise errors.BadConfig('--export reads a whole export; give it without '
+                             '--source and --blocks.')
+    from realm_jax.export import loading  # pylint: disable=g-import-not-at-top
+    summary = loading.import_export(args.export, args.model_dir)
+    print(f'imported the {summary["kind"]} run at step {summary["step"]} '
+          f'(index step {summary["index_step"]}) into {summary["model_dir"]}')
+    return
+  if not args.source or not args.blocks:
+    raise errors.BadConfig('import needs --source and --blocks (released '
+                           'REALM), or --export.')
   from realm_jax.released import importer  # pylint: disable=g-import-not-at-top
   summary = importer.import_released(
       args.model_dir, args.source, args.blocks, block_emb=args.block_emb,

@@ -35,7 +35,6 @@ position records. Values are stored as uint8 or uint16 where every one
 fits.
 """
 
-import hashlib
 import itertools
 import json
 import os
@@ -44,7 +43,7 @@ from typing import Iterable
 import numpy as np
 from etils import epath
 
-from realm_jax import errors
+from realm_jax import checksums, errors
 from realm_jax.data import block_store, corpus, example_arrays
 
 NAME = 'salient_spans'
@@ -58,14 +57,6 @@ def directory(corpus_name: str, split: str, root: str | None = None
               ) -> epath.Path:
   """Where a corpus's spans of `split` are, beside the exported examples."""
   return example_arrays.directory(f'{NAME}_{corpus_name}', split, root)
-
-
-def _sha256(path: epath.Path) -> str:
-  digest = hashlib.sha256()
-  with path.open('rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def _texts(block) -> list[bytes]:
@@ -149,7 +140,7 @@ def write(corpus_name: str, split: str, tokenizer,
       'corpus_fingerprint': corpus.load_metadata(corpus_dir)[
           'corpus_fingerprint'],
       'vocab_fingerprint': corpus.vocab_hash(tokenizer.vocab_path),
-      'annotation_fingerprint': _sha256(path)}
+      'annotation_fingerprint': checksums.sha256(path)}
   output = directory(corpus_name, split, root)
   if (output / example_arrays.METADATA).is_file():
     written = json.loads((output / example_arrays.METADATA).read_text())

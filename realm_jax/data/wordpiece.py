@@ -35,7 +35,7 @@ SUFFIX_INDICATOR = '##'
 MAX_BYTES_PER_WORD = 100
 # Default_Ignorable_Code_Point (DerivedCoreProperties.txt), which
 # NFKC_Casefold deletes.
-_DEFAULT_IGNORABLE = re.compile(
+DEFAULT_IGNORABLE = re.compile(
     '[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f'
     '\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8'
     '\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]')
@@ -63,7 +63,7 @@ def fold_case(text: str) -> str:
   folded = unicodedata.normalize('NFKC', text)
   while True:
     again = unicodedata.normalize(
-        'NFKC', _DEFAULT_IGNORABLE.sub('', folded.casefold()))
+        'NFKC', DEFAULT_IGNORABLE.sub('', folded.casefold()))
     if again == folded:
       return folded
     folded = again

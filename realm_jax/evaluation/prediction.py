@@ -31,6 +31,9 @@ from realm_jax.training import partitioning, step_inputs
 from realm_jax.training.run_loader import load_run
 
 MASK = '[MASK]'
+# Wordpieces of a question for `search` and `ask` on a run that trained on
+# no questions (ICT, pre-training); a fine-tuning run cuts them at its own.
+QUESTION_LENGTH = 64
 
 
 def cloze_query(tokenizer, text: str, max_length: int):
@@ -261,7 +264,7 @@ class QAPredictor(RestoredRun):
 
   def __init__(self, model_dir: str, step: int | None = None, gin_files=(),
                gin_bindings=(), top_k: int = 100, top_spans: int = 8,
-               question_length: int = 64, read: bool = True,
+               question_length: int = QUESTION_LENGTH, read: bool = True,
                answers_only: bool = False):
     """`top_k`: blocks retrieved per question, at most every block.
     `question_length`: wordpieces of a question for a run that is not

@@ -298,7 +298,9 @@ def load_bert_params(path, config: BertConfig,
   return params
 
 
-_HF_FIELDS = {
+# Hugging Face's config.json fields -> BertConfig's (read by `config_from_hf`,
+# written by `export`).
+HF_FIELDS = {
     'vocab_size': 'vocab_size',
     'hidden_size': 'hidden_size',
     'num_hidden_layers': 'num_layers',
@@ -323,6 +325,6 @@ def config_from_hf(config_json, **overrides) -> BertConfig:
         f'{config_json}: model_type={hf.get("model_type")!r}, hidden_act='
         f'{hf.get("hidden_act")!r}; only BERT with one of the activations '
         f'{tuple(ACTIVATIONS)} is supported.')
-  fields = {ours: hf[theirs] for theirs, ours in _HF_FIELDS.items()
+  fields = {ours: hf[theirs] for theirs, ours in HF_FIELDS.items()
             if theirs in hf}
   return BertConfig(**{**fields, **overrides})

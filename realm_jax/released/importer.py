@@ -147,12 +147,13 @@ def read_params(sources: list[Source], model: Realm, fresh: dict) -> dict:
     tensors = layouts.layout_tensors(source.layout, model)
     read = pretrained.assemble(tensors, source.file.read, source.layout.hf,
                                np.float32)
-    params = _merged(params, layouts.in_model_layout(read, model))
+    params = merged(params, layouts.in_model_layout(read, model))
   return params
 
 
-def _merged(base: dict, update: dict) -> dict:
-  return {k: (_merged(base[k], update[k]) if isinstance(update.get(k), dict)
+def merged(base: dict, update: dict) -> dict:
+  """`base` with every leaf `update` holds put over it."""
+  return {k: (merged(base[k], update[k]) if isinstance(update.get(k), dict)
               else update.get(k, base[k])) for k in base}
 
 
@@ -248,7 +249,8 @@ def write_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
                                                 else []))
 
 
-def _fresh_params(model: Realm, seed: int = 0) -> dict:
+def fresh_params(model: Realm, seed: int = 0) -> dict:
+  """A REALM model's initial parameters (numpy), to read weights over."""
   ones = lambda *shape: {k: np.ones(shape, np.int32) for k in (
       'token_ids', 'input_mask', 'token_type_ids')}
   return nn.meta.unbox(model.init(
@@ -256,7 +258,9 @@ def _fresh_params(model: Realm, seed: int = 0) -> dict:
       np.zeros((1, 1), np.int32)))['params']
 
 
-def _save_params(model_dir: str, step: int, params: dict) -> None:
+def save_params(model_dir: str, step: int, params: dict) -> None:
+  """`params` ({part: tree}) as the run's checkpoint `step`, the run marked
+  done."""
   # The layout the checkpoint is written in, as a trainer records it.
   run_guard.check_format(model_dir)
   manager = ocp.CheckpointManager(
@@ -329,11 +333,11 @@ def import_released(model_dir: str, sources: list[str], blocks: str,
     raise errors.BadInput(f'{blocks} holds {corpus_metadata["num_blocks"]:,} '
                           f'blocks; {emb_file.path} embeds {emb_shape[0]:,}.')
 
-  params = read_params(opened, model, _fresh_params(model))
+  params = read_params(opened, model, fresh_params(model))
   staging = model_dir.rstrip('/') + '.incomplete'
   if epath.Path(staging).exists():
     epath.Path(staging).rmtree()
-  _save_params(staging, 0, params)
+  save_params(staging, 0, params)
   progress = Progress('block embeddings', emb_shape[0], unit='rows')
 
   def rows(start, stop):
