@@ -7,6 +7,7 @@ import os
 import shutil
 import time
 
+import gin
 import numpy as np
 import pytest
 
@@ -19,7 +20,7 @@ from realm_jax.models import bert, candidates
 from realm_jax.models.bert import BertConfig
 from realm_jax.models.retriever import Retriever
 from realm_jax.training import run_loader, step_inputs
-from tests.helpers import REPO, TINY, flip_a_bit
+from tests.helpers import REPO, TINY, flip_a_bit, train_tiny
 
 QUESTIONS = ['who wrote the origin of species?', 'capital of France',
              'Straße in São Paulo', 'ς and σ…', 'zebra crossings']
@@ -32,6 +33,7 @@ def _embedded_copy(run_dir: str, into) -> str:
   """A copy of `run_dir` with an index of its newest step."""
   copy = str(into / 'run')
   shutil.copytree(run_dir, copy)
+  gin.clear_config()  # What a training run left bound.
   main.main(['embed', f'--model_dir={copy}', *EMBED_FLAGS])
   return copy
 
@@ -213,6 +215,31 @@ def test_what_cannot_be_exported_stops_with_one_line_and_leaves_nothing(
   assert ('reader/config.json is damaged: its sha256 is not the one the '
           'manifest lists' in capsys.readouterr().err)
   assert not os.path.exists(tmp_path / 'back')
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_ict_run_exports_its_towers_and_comes_back(small_corpus_env,
+                                                      tmp_path):
+  trained = str(tmp_path / 'ict')
+  train_tiny(trained, 'ict', "--gin.Ict.bert_dir=''", '--gin.train.num_steps=2')
+  run_dir = _embedded_copy(trained, tmp_path)
+  output = str(tmp_path / 'export')
+  manifest = writer.export(run_dir, output)
+  assert manifest['parts'] == ['query_encoder', 'document_encoder', 'index']
+  loaded, _, _ = _retriever(run_dir)
+  index = publication.read_embeddings(publication.index_manager(
+      run_directory.index_dir(run_dir), read_only=True), loaded.index_step)
+  store = block_store.open_store(corpus.corpus_dir('wiki_leads'))
+  pairs = [(store.title(i), store.body(i)) for i in range(store.num_blocks)]
+  np.testing.assert_allclose(_sentence_transformer(os.path.join(
+      output, 'document_encoder')).encode(pairs), index, atol=1e-4, rtol=0)
+  back = str(tmp_path / 'back')
+  main.main(['import', f'--export={output}', f'--model_dir={back}'])
+  _, before = run_directory.restore_params(run_dir, None, ('retriever',))
+  _, after = run_directory.restore_params(back, None, ('retriever',))
+  for path, value in _leaves(before):
+    np.testing.assert_array_equal(_at(after, path), value, err_msg=path)
 
 
 @pytest.mark.unit
