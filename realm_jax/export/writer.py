@@ -258,6 +258,10 @@ def export(model_dir: str, output: str) -> dict:
       run_directory.index_dir(loaded.model_dir), read_only=True)
   metadata = publication.read_metadata(manager, loaded.index_step)
   embeddings = publication.read_embeddings(manager, loaded.index_step)
+  if metadata is None or embeddings is None:  # A builder pruned it.
+    raise errors.NotFound(
+        f'Index step {loaded.index_step} of {loaded.model_dir} was pruned '
+        'while it was read.', 'Export again: the newest one is read then.')
   corpus_dir = corpus.corpus_dir(loaded.run.corpus_name)
   corpus_metadata = corpus.load_metadata(corpus_dir)
   publication.check_compatible(metadata, corpus_metadata,
