@@ -100,7 +100,8 @@ def model_card(manifest: dict, loaded, scale: float) -> str:
       f'. Each projection is stored multiplied by {scale:g}: '
       'sentence-transformers\' LayerNorm has an epsilon of 1e-5, the '
       f'run\'s {eps:g}, and LayerNorm(s x, 1e-5) is LayerNorm(x, 1e-5 / '
-      's^2).')
+      's^2). Loading a tower, transformers warns that BertModel\'s pooler '
+      'was newly initialized: no tower reads it.')
   embedded_by = manifest['index'].get('params_step', run['index_step'])
   if embedded_by != run['step']:
     lines += ['', f'**The index was embedded by the towers of step '

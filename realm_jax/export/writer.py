@@ -265,7 +265,8 @@ def export(model_dir: str, output: str) -> dict:
   corpus_dir = corpus.corpus_dir(loaded.run.corpus_name)
   corpus_metadata = corpus.load_metadata(corpus_dir)
   publication.check_compatible(metadata, corpus_metadata,
-                               embeddings.shape[1], manager.directory)
+                               embeddings.shape[1], manager.directory,
+                               loaded.run.block_length)
   towers = Towers.of(loaded.run)
   staging = epath.Path(output + '.incomplete')
   if staging.exists():
