@@ -20,8 +20,7 @@ from realm_jax.data import corpus
 from realm_jax.export import hf_tensors, writer
 from realm_jax.index import publication
 from realm_jax.models.retriever import init_retriever_params
-from realm_jax.released import importer
-from realm_jax.training import run_loader
+from realm_jax.training import run_loader, written_run
 
 
 def _arrays(path: epath.Path) -> dict:
@@ -101,7 +100,7 @@ def import_export(export_dir: str, model_dir: str) -> dict:
     towers = writer.Towers.of(loaded.run)
     model = getattr(loaded.run.objective, 'model', None)
     if model is not None:
-      params = importer.fresh_params(model)
+      params = written_run.fresh_params(model)
     else:
       params = {'retriever': init_retriever_params(
           loaded.run.objective.retriever, jax.random.key(0))}
@@ -112,9 +111,9 @@ def import_export(export_dir: str, model_dir: str) -> dict:
     read = {'retriever': retriever}
     if writer.READER in manifest['parts']:
       read['reader'] = reader(root / writer.READER, model)
-    params = importer.merged(jax.tree.map(np.asarray, params), read)
+    params = written_run.merged(jax.tree.map(np.asarray, params), read)
     step = manifest['run']['step']
-    importer.save_params(os.fspath(staging), step, params)
+    written_run.save_params(os.fspath(staging), step, params)
     metadata = manifest['index']
     index = publication.index_manager(
         run_directory.index_dir(os.fspath(staging)))

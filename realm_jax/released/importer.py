@@ -22,11 +22,9 @@ import pickle
 import gin
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
-from flax import linen as nn
 
-from realm_jax import errors, run_directory, run_guard
+from realm_jax import errors, run_directory
 from realm_jax.data import corpus
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.index import publication
@@ -35,7 +33,7 @@ from realm_jax.models.realm import Realm, build_realm
 from realm_jax.progress import Progress
 from realm_jax.released import layouts
 from realm_jax.released.tensor_files import TensorFile, open_tensor_file
-from realm_jax.training import run_loader
+from realm_jax.training import run_loader, written_run
 from realm_jax.input.tasks import common
 
 log = logging.getLogger(__name__)
@@ -147,14 +145,8 @@ def read_params(sources: list[Source], model: Realm, fresh: dict) -> dict:
     tensors = layouts.layout_tensors(source.layout, model)
     read = pretrained.assemble(tensors, source.file.read, source.layout.hf,
                                np.float32)
-    params = merged(params, layouts.in_model_layout(read, model))
+    params = written_run.merged(params, layouts.in_model_layout(read, model))
   return params
-
-
-def merged(base: dict, update: dict) -> dict:
-  """`base` with every leaf `update` holds put over it."""
-  return {k: (merged(base[k], update[k]) if isinstance(update.get(k), dict)
-              else update.get(k, base[k])) for k in base}
 
 
 def block_embeddings(path: str) -> tuple[TensorFile, tuple[int, int]]:
@@ -249,32 +241,6 @@ def write_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
                                                 else []))
 
 
-def fresh_params(model: Realm, seed: int = 0) -> dict:
-  """A REALM model's initial parameters (numpy), to read weights over."""
-  ones = lambda *shape: {k: np.ones(shape, np.int32) for k in (
-      'token_ids', 'input_mask', 'token_type_ids')}
-  return nn.meta.unbox(model.init(
-      jax.random.key(seed), ones(1, 8), ones(1, 2, 8),
-      np.zeros((1, 1), np.int32)))['params']
-
-
-def save_params(model_dir: str, step: int, params: dict) -> None:
-  """`params` ({part: tree}) as the run's checkpoint `step`, the run marked
-  done."""
-  # The layout the checkpoint is written in, as a trainer records it.
-  run_guard.check_format(model_dir)
-  manager = ocp.CheckpointManager(
-      run_directory.writable(run_directory.checkpoints_dir(model_dir)),
-      options=run_directory.pruning_options(
-          create=False, enable_async_checkpointing=False,
-          multiprocessing_options=run_directory.every_process()))
-  manager.save(step, args=ocp.args.Composite(**{
-      run_directory.params_item(k): run_directory.StandardSave(v)
-      for k, v in params.items()}))
-  manager.wait_until_finished()
-  run_directory.mark_training_done(model_dir)
-
-
 def import_released(model_dir: str, sources: list[str], blocks: str,
                     block_emb: str | None = None, titles: str | None = None,
                     corpus_name: str = 'enwiki_20181220',
@@ -333,11 +299,11 @@ def import_released(model_dir: str, sources: list[str], blocks: str,
     raise errors.BadInput(f'{blocks} holds {corpus_metadata["num_blocks"]:,} '
                           f'blocks; {emb_file.path} embeds {emb_shape[0]:,}.')
 
-  params = read_params(opened, model, fresh_params(model))
+  params = read_params(opened, model, written_run.fresh_params(model))
   staging = model_dir.rstrip('/') + '.incomplete'
   if epath.Path(staging).exists():
     epath.Path(staging).rmtree()
-  save_params(staging, 0, params)
+  written_run.save_params(staging, 0, params)
   progress = Progress('block embeddings', emb_shape[0], unit='rows')
 
   def rows(start, stop):
