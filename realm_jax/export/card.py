@@ -92,10 +92,9 @@ def model_card(manifest: dict, loaded, scale: float) -> str:
       '| `config.gin` | the run\'s gin config | `realm-jax import --export` |',
       '| `manifest.json` | every file with its size and sha256 | |', '',
       'Relevance is the inner product of the two towers\' embeddings '
-      '(`similarity_fn_name` "dot"). The towers share one BERT'
-      if towers['share_towers'] else
-      'Relevance is the inner product of the two towers\' embeddings '
-      '(`similarity_fn_name` "dot"); each tower has its own BERT']
+      '(`similarity_fn_name` "dot"); '
+      + ('they share one BERT' if towers['share_towers'] else
+         'each tower has its own BERT')]
   lines[-1] += (
       f'. Each projection is stored multiplied by {scale:g}: '
       'sentence-transformers\' LayerNorm has an epsilon of 1e-5, the '

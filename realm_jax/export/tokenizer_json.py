@@ -14,6 +14,7 @@ an exported tower reads a text as the run did:
   CJK ideographs, its split on spaces and punctuation, and WordPiece.
 """
 
+import functools
 import sys
 import unicodedata
 
@@ -24,6 +25,7 @@ from realm_jax.data import wordpiece
 SPECIAL = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 
 
+@functools.cache
 def _folded_apart() -> list[tuple[str, str]]:
   """(character, its case folding) where folding and lower case differ."""
   out = []
