@@ -46,11 +46,12 @@ class JobFailed(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-  """One process: its name in messages, its argv, and its log file (None:
-  this process's console)."""
+  """One process: its name in messages, its argv, its log file (None:
+  this process's console) and what it adds to this process's environment."""
   name: str
   argv: tuple[str, ...]
   log: str | None = None
+  env: tuple[tuple[str, str], ...] = ()
 
 
 def realm_jax_argv(command: str, model_dir: str, args=()) -> tuple[str, ...]:
@@ -67,15 +68,17 @@ def log_dir(model_dir: str) -> str:
 
 
 def jobs(model_dir: str, train_args, refresh_args,
-         train_log: bool = False) -> tuple[Job, Job]:
+         train_log: bool = False, train_env=(), refresh_env=()
+         ) -> tuple[Job, Job]:
   """The trainer and the index builder on `model_dir`; each gets its own
-  gin files and flags."""
+  gin files, flags and environment."""
   logs = log_dir(model_dir)
   return (Job('trainer', realm_jax_argv('train', model_dir, train_args),
-              os.path.join(logs, TRAIN_LOG) if train_log else None),
+              os.path.join(logs, TRAIN_LOG) if train_log else None,
+              tuple(train_env)),
           Job('index builder', realm_jax_argv('refresh', model_dir,
                                               refresh_args),
-              os.path.join(logs, REFRESH_LOG)))
+              os.path.join(logs, REFRESH_LOG), tuple(refresh_env)))
 
 
 def _start(job: Job, files: contextlib.ExitStack) -> subprocess.Popen:
@@ -89,7 +92,7 @@ def _start(job: Job, files: contextlib.ExitStack) -> subprocess.Popen:
   process = subprocess.Popen(job.argv, stdout=output,
                              stderr=subprocess.STDOUT if output else None,
                              env={PREALLOCATE: 'false', **os.environ,
-                                  'PYTHONUNBUFFERED': '1'})
+                                  'PYTHONUNBUFFERED': '1', **dict(job.env)})
   print(f'{job.name}: pid {process.pid}, log {job.log or "this console"}',
         flush=True)
   return process
@@ -144,9 +147,31 @@ class _Restarted:
     return None
 
 
+def _check(cancel: threading.Event | None) -> None:
+  if cancel is not None and cancel.is_set():
+    raise JobFailed('stopped: another job of this run failed')
+
+
+def run_alone(job: Job, cancel: threading.Event | None = None,
+              poll_seconds: float = 0.5) -> None:
+  """Runs `job` to its end; raises JobFailed when it fails, or, stopping
+  it, once `cancel` is set."""
+  with contextlib.ExitStack() as files:
+    process = _start(job, files)
+    try:
+      while (code := process.poll()) is None:
+        _check(cancel)
+        time.sleep(poll_seconds)
+    finally:
+      _stop(process)
+  if code:
+    raise JobFailed(_exit_report(job, code))
+
+
 def run_beside(main: Job, beside: Job, beside_timeout: float,
                poll_seconds: float = 0.5,
-               beside_restarts: int = BUILDER_RESTARTS) -> None:
+               beside_restarts: int = BUILDER_RESTARTS,
+               cancel: threading.Event | None = None) -> None:
   """Runs `beside` for as long as `main` runs, then gives it `beside_timeout`
   seconds to exit by itself (the builder publishes the last step first).
 
@@ -154,7 +179,7 @@ def run_beside(main: Job, beside: Job, beside_timeout: float,
   runs on meanwhile. Raises JobFailed when `main` fails, `beside` fails once
   more, or `beside` does not exit in time; both are stopped on the way out,
   Ctrl-C and `kill` (SIGTERM, raised here as SystemExit) included. `beside`
-  may finish before `main` does.
+  may finish before `main` does. Setting `cancel` stops both (JobFailed).
   """
   with contextlib.ExitStack() as files:
     if threading.current_thread() is threading.main_thread():
@@ -166,6 +191,7 @@ def run_beside(main: Job, beside: Job, beside_timeout: float,
       primary = _start(main, files)
       while (code := primary.poll()) is None:
         helper.poll()
+        _check(cancel)
         time.sleep(poll_seconds)
       if code:
         raise JobFailed(_exit_report(main, code))
@@ -175,6 +201,7 @@ def run_beside(main: Job, beside: Job, beside_timeout: float,
           raise JobFailed(
               f'{beside.name} did not exit within {beside_timeout:.0f}s of '
               f'{main.name} finishing; see {beside.log or "its output"}')
+        _check(cancel)
         time.sleep(min(poll_seconds, 0.1))
     finally:
       for process in (primary, helper and helper.process):
@@ -183,15 +210,20 @@ def run_beside(main: Job, beside: Job, beside_timeout: float,
 
 
 def run(model_dir: str, train_args, refresh_args, *, train_log: bool = False,
-        refresh_timeout: float = 600) -> None:
+        refresh_timeout: float = 600, train_env=(), refresh_env=(),
+        cancel: threading.Event | None = None) -> None:
   """`realm-jax train` and `realm-jax refresh` on `model_dir`, side by side,
-  until both are done; `train_args` / `refresh_args` follow --model_dir.
+  until both are done; `train_args` / `refresh_args` follow --model_dir,
+  `train_env` / `refresh_env` (name, value pairs) add to each one's
+  environment.
 
-  Raises JobFailed naming the job that failed and its log.
+  Raises JobFailed naming the job that failed and its log, or once `cancel`
+  is set.
   """
   os.makedirs(log_dir(model_dir), exist_ok=True)
-  trainer, builder = jobs(model_dir, train_args, refresh_args, train_log)
-  run_beside(trainer, builder, refresh_timeout)
+  trainer, builder = jobs(model_dir, train_args, refresh_args, train_log,
+                          train_env, refresh_env)
+  run_beside(trainer, builder, refresh_timeout, cancel=cancel)
 
 
 def _parser() -> argparse.ArgumentParser:

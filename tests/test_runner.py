@@ -63,3 +63,54 @@ def test_every_shipped_preset_loads_with_stages_its_family_knows():
     kinds = set(runner.KINDS) | set(families[preset.family].kinds)
     assert {stage.kind for stage in preset.stages} <= kinds, name
     assert len({s.name for s in preset.stages}) == len(preset.stages), name
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_training_stages_run_side_by_side_each_in_processes_of_its_own(
+    small_corpus_env, tmp_path, capsys):
+  path = os.path.join(REPO, 'tests', 'presets', 'tiny_side_by_side.py')
+  work = tmp_path / 'work'
+  results = demo.run(str(work), path)
+  assert 'side by side (up to 2 training stages at once' in (
+      capsys.readouterr().out)
+  for run in ('ict', 'reader', 'realm', 'baseline'):
+    # Each trainer printed to its run's log, not to this console.
+    assert 'step' in (work / run / 'train.log').read_text(), run
+  assert (work / 'realm' / 'refresh.log').exists()
+  assert results['pretrain_realm']['steps_reached'] == 2
+  assert results['pretrain_realm']['index_steps_kept']
+  assert results['pretrain_baseline']['steps_reached'] == 2
+  assert {'baseline', 'realm'} <= set(results['masked_lm'])
+  # The stages overlapped: the run took less than its stages one by one.
+  assert results['wall_seconds'] < sum(results['timings'].values())
+
+
+@pytest.mark.unit
+def test_stages_wait_for_the_runs_they_read_and_a_failure_stops_the_rest():
+  spec = preset_lib.load(os.path.join(REPO, 'tests', 'presets',
+                                      'tiny_side_by_side.py'))
+  after = preset_lib.after(spec.stages, spec.concurrent)
+  assert after['ict'] == after['reader'] == ['corpus', 'machine']
+  assert after['pretrain_realm'] == ['corpus', 'machine', 'ict', 'reader']
+  assert after['masked_lm_realm'] == ['corpus', 'machine', 'pretrain_realm']
+  # One at a time, each waits for the one before it.
+  assert preset_lib.after(spec.stages)['pretrain_baseline'] == [
+      'pretrain_realm']
+  kept, stopped = [], []
+
+  def fails():
+    raise ValueError('out of memory')
+
+  def waits_for_cancel():
+    assert beside.cancel.wait(10)
+    stopped.append(True)
+
+  beside = runner._Beside(2, lambda stage, record: kept.append(stage.name))
+  beside.start(spec.stage('ict'), lambda: {'seconds': 1.0})
+  beside.wait('the reader', lambda: kept == ['ict'])
+  beside.start(spec.stage('pretrain_realm'), waits_for_cancel)
+  beside.start(spec.stage('pretrain_baseline'), fails)
+  with pytest.raises(ValueError, match='out of memory'):
+    beside.wait('the end', lambda: not beside.running)
+  assert stopped == [True] and kept == ['ict']

@@ -83,3 +83,30 @@ def test_the_budget_left_is_shared_by_the_stages_still_to_run(monkeypatch):
   assert plan.time_limit('reader') == pytest.approx(95 * 50 / 396)
   clock[0] += 500.0
   assert plan.time_limit('reader') == 0.0  # Spent: one step, then it ends.
+
+
+def test_stages_side_by_side_overlap_their_starts_and_share_the_device(
+    monkeypatch):
+  monkeypatch.setattr(stage_plan.time, 'monotonic', lambda: 1000.0)
+  record = {**RECORD, 'pretrain_realm': {'step_seconds': 0.2},
+            'timings': {**RECORD['timings'], 'recall_realm': 10.0}}
+  after = {'ict': [], 'reader': [], 'pretrain_realm': ['ict', 'reader'],
+           'pretrain_stale': ['ict', 'reader'],
+           'masked_lm_realm': ['pretrain_realm'],
+           'masked_lm_stale': ['pretrain_stale'],
+           'recall_realm': ['pretrain_realm']}
+  plan = stage_plan.Plan(STAGES, SIZES, record, budget_s=200.0, after=after,
+                         background=STAGES[:4], concurrent=2)
+  # ICT (60 s, nothing but its start known) beside the reader (50 s); at
+  # 60 s both pre-training runs: 50 s starts, then 80 s of steps each,
+  # sharing the device, 160 s; the three scorings, 30 s, one at a time.
+  assert plan.wall() == pytest.approx(60 + 50 + 160 + 30)
+  assert plan.total() == 400.0
+  assert '| side by side (up to 2 training stages at once' in '\n'.join(
+      plan.lines())
+  # Each gets its share of the budget by its length in that schedule.
+  assert plan.time_limit('pretrain_realm') == pytest.approx(
+      200 * 210 / 300)
+  one_by_one = stage_plan.Plan(STAGES, SIZES, record, after=after,
+                               background=STAGES[:4])
+  assert one_by_one.wall() == one_by_one.total() == 400.0

@@ -38,6 +38,9 @@ class Stage:
       `name`; '' keeps none).
     needs_qa: skipped without the Open-QA benchmarks (recall, QA).
     timed: planned and timed (the machine's own measurement is not).
+    memory: where training stages run side by side (`Preset.concurrent`),
+      the share of the device's memory its processes may take (the index
+      builder's included); None: JAX's default.
   """
   name: str
   kind: str
@@ -45,6 +48,19 @@ class Stage:
   result: str | None = None
   needs_qa: bool = False
   timed: bool = True
+  memory: float | None = None
+
+  def writes(self) -> str | None:
+    """The run directory it trains (a 'train' stage), else None."""
+    return self.args.get('run_dir', self.name) if self.kind == 'train' else None
+
+  def reads(self) -> set[str]:
+    """The run directories it starts from or scores."""
+    read = {value.name for value in self.args.get('bindings', {}).values()
+            if isinstance(value, Dir)}
+    if self.kind != 'train' and 'run_dir' in self.args:
+      read.add(self.args['run_dir'])
+    return read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +80,13 @@ class Preset:
       bundle-gpu`): nothing is built, and no TensorFlow is needed.
     budget_minutes: for every stage, shared by `stage_plan.Plan`; None: no
       limit.
+    concurrent: how many training stages may run at once, each in
+      processes of its own sharing the device, as soon as the runs they
+      start from are trained (`after`): their starts (compiling, restoring)
+      overlap the others' steps. 1: every stage in this process, in order.
+    memory: with `concurrent` above 1, the share of the device's memory the
+      runner's own process may take (it scores beside the stages training);
+      None: JAX's default.
   """
   family: str
   setup: str
@@ -73,9 +96,32 @@ class Preset:
   run_gin: tuple[str, ...] = ()
   prepared: bool = False
   budget_minutes: float | None = None
+  concurrent: int = 1
+  memory: float | None = None
 
   def stage(self, name: str) -> Stage:
     return next(s for s in self.stages if s.name == name)
+
+
+def after(stages, concurrent: int = 1) -> dict[str, list[str]]:
+  """The stages each of `stages` waits for. One at a time (`concurrent`
+  1): the one before it. Side by side: the stages that train the runs it
+  reads, and the stages before the first training stage (the corpus, the
+  machine's measurement), which everything follows."""
+  names = [s.name for s in stages]
+  if concurrent <= 1:
+    return {name: names[i - 1:i] for i, name in enumerate(names)}
+  first = next((i for i, s in enumerate(stages) if s.kind == 'train'),
+               len(stages))
+  writer = {}
+  waits = {}
+  for i, stage in enumerate(stages):
+    waits[stage.name] = (names[:i] if i <= first else
+                         [*names[:first], *(writer[run] for run in sorted(
+                             stage.reads()) if run in writer)])
+    if stage.writes():
+      writer[stage.writes()] = stage.name
+  return waits
 
 
 def names() -> list[str]:

@@ -9,12 +9,14 @@ module (`demo`, the Wikipedia leads) adds its own, starts the results, and
 writes the report.
 """
 
+from concurrent import futures
 import dataclasses
 import datetime
 import json
 import logging
 import os
 import statistics
+import threading
 import time
 from typing import Callable, NamedTuple
 
@@ -27,6 +29,12 @@ from realm_jax.index import publication
 from realm_jax.training import curves, run_loader
 
 log = logging.getLogger(__name__)
+
+# JAX's cap on the share of a GPU's memory one process takes.
+MEMORY_FRACTION = 'XLA_PYTHON_CLIENT_MEM_FRACTION'
+# Of a training stage's share of the device's memory (`Stage.memory`), what
+# the index builder beside its trainer takes: it embeds in inference.
+BUILDER_MEMORY = 0.04
 
 DOCS_RESULTS = epath.Path(os.path.dirname(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__))))) / 'docs' / 'results'
@@ -64,7 +72,10 @@ class Stages:
 class Context:
   """What a stage's kind is handed: the preset, where its runs live, the
   stage's name, the run's seed, the results so far, the stage's share of
-  the budget and the run's options (the world's `lockstep`)."""
+  the budget and the run's options (the world's `lockstep`). A stage run
+  beside others (`background`) trains in processes of its own, with its
+  share of the device's memory (`memory`), and stops when `cancel` is
+  set."""
   preset: preset_lib.Preset
   work_dir: str
   stage: str
@@ -72,6 +83,9 @@ class Context:
   results: dict
   time_limit_s: float | None = None
   options: dict = dataclasses.field(default_factory=dict)
+  background: bool = False
+  memory: float | None = None
+  cancel: threading.Event | None = None
 
   def dir(self, name: str) -> str:
     return os.path.join(self.work_dir, name)
@@ -87,27 +101,41 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
   too), the builder beside it as a process of its own
   (`launch_local`). Returns the step it reached and its step time, and
   with a builder how stale the indexes it read were. `run_dir`: under the
-  work_dir (default: the stage's name)."""
+  work_dir (default: the stage's name). Beside other stages
+  (`ctx.background`) the trainer is a process of its own too, its output
+  in the run's train.log."""
   model_dir = ctx.dir(run_dir or ctx.stage)
   bindings = {**bindings, **(builder or {}), 'train.seed': ctx.seed}
   if ctx.time_limit_s is not None:
     bindings['train.time_limit_s'] = round(ctx.time_limit_s)
   lines = preset_lib.gin_bindings(bindings, ctx.work_dir)
   files = [f'gin/runs/{run}.gin', *ctx.preset.run_gin, ctx.preset.setup]
+  train_args = [*(f'--gin_file={f}' for f in files),
+                *(f'--gin_bindings={line}' for line in lines)]
+  share = (lambda f: () if ctx.memory is None
+           else ((MEMORY_FRACTION, f'{f:.3f}'),))
   if builder is None:
-    run_loader.configure(files, lines)
-    run_loader.train(model_dir)
+    if not ctx.background:
+      run_loader.configure(files, lines)
+      run_loader.train(model_dir)
+    else:
+      os.makedirs(model_dir, exist_ok=True)
+      launch_local.run_alone(launch_local.Job(
+          f'{ctx.stage} trainer',
+          launch_local.realm_jax_argv('train', model_dir, train_args),
+          os.path.join(model_dir, launch_local.TRAIN_LOG),
+          share(ctx.memory)), ctx.cancel)
     return reached(model_dir)
   launch_local.run(
-      model_dir,
-      train_args=[*(f'--gin_file={f}' for f in files),
-                  *(f'--gin_bindings={line}' for line in lines)],
+      model_dir, train_args=train_args,
       refresh_args=[f'--gin_file={ctx.preset.setup}',
                     f'--poll_seconds={poll_seconds}',
                     *([f'--corpus_dir={corpus_dir}'] if corpus_dir else []),
                     *(f'--gin_bindings={line}' for line in
                       preset_lib.gin_bindings(builder, ctx.work_dir))],
-      refresh_timeout=refresh_timeout)
+      refresh_timeout=refresh_timeout, train_log=ctx.background,
+      train_env=share((ctx.memory or 0) - BUILDER_MEMORY),
+      refresh_env=share(BUILDER_MEMORY), cancel=ctx.cancel)
   return {**freshness(model_dir), **reached(model_dir)}
 
 
@@ -155,6 +183,49 @@ class Family(NamedTuple):
   report: Callable
 
 
+class _Beside:
+  """The stages running beside the runner's thread, up to `concurrent`,
+  each in a thread of its own (whose processes train); `keep(stage,
+  record)` is called in the runner's thread as each ends. One that fails
+  stops the others (`cancel`) and raises."""
+
+  def __init__(self, concurrent: int, keep: Callable):
+    self.pool = futures.ThreadPoolExecutor(max(concurrent, 1))
+    self.concurrent, self.keep = concurrent, keep
+    self.running = {}  # future -> stage
+    self.cancel = threading.Event()
+
+  def free(self) -> bool:
+    return len(self.running) < self.concurrent
+
+  def start(self, stage: preset_lib.Stage, call: Callable) -> None:
+    self.running[self.pool.submit(call)] = stage
+
+  def wait(self, what: str, ready: Callable) -> None:
+    """Keeps the records of the stages that ended until `ready()`."""
+    block = False
+    while True:
+      ended, _ = futures.wait(list(self.running),
+                              timeout=None if block else 0,
+                              return_when=futures.FIRST_COMPLETED)
+      for future in ended:
+        stage = self.running.pop(future)
+        if future.exception() is not None:
+          self.close()
+          raise future.exception()
+        self.keep(stage, future.result())
+      if ready():
+        return
+      if not self.running:
+        raise RuntimeError(f'{what} waits for a stage that never ran')
+      block = True
+
+  def close(self) -> None:
+    """Stops the stages still running and waits for them."""
+    self.cancel.set()
+    self.pool.shutdown(wait=True)
+
+
 def _keep(results: dict, where: str, record: dict) -> None:
   *parents, last = where.split('/')
   for key in parents:
@@ -178,6 +249,8 @@ def run(family: Family, work_dir: str, name: str,
                            'writes its runs into a directory.')
   # This process trains too while launch_local's two jobs share the GPU.
   os.environ.setdefault(launch_local.PREALLOCATE, 'false')
+  if spec.concurrent > 1 and spec.memory is not None:
+    os.environ.setdefault(MEMORY_FRACTION, f'{spec.memory:.3f}')
   if '://' not in work_dir:
     work_dir = os.path.abspath(work_dir)  # Orbax wants absolute paths.
   kinds = {**KINDS, **family.kinds}
@@ -192,27 +265,52 @@ def run(family: Family, work_dir: str, name: str,
              'sizes': spec.sizes, 'seed': seed,
              **family.begin(spec, work_dir, options)}
   timings = {}
+  after = preset_lib.after(stages, spec.concurrent)
+  background = {s.name for s in stages
+                if spec.concurrent > 1 and s.kind == 'train'}
+  timed = [s.name for s in stages if s.timed]
   plan = stage_plan.Plan(
-      [s.name for s in stages if s.timed], spec.sizes,
-      stage_plan.recorded(results['preset'], DOCS_RESULTS),
-      spec.budget_minutes and 60 * spec.budget_minutes)
+      timed, spec.sizes, stage_plan.recorded(results['preset'], DOCS_RESULTS),
+      spec.budget_minutes and 60 * spec.budget_minutes, after=after,
+      background=background, concurrent=spec.concurrent)
   print(f'realm-jax demo --preset={results["preset"]}: the plan\n'
         + '\n'.join(plan.lines()), flush=True)
   done = Stages(work_dir)
-  for stage in stages:
-    # A training stage's share of what is left of the budget.
-    limit = (None if not stage.timed or done.done(stage.name)
-             else plan.time_limit(stage.name))
-    ctx = Context(spec, work_dir, stage.name, seed, results, limit, options)
-    record = done.run(stage.name,
-                      lambda s=stage, c=ctx: kinds[s.kind](c, **s.args))
+  began = time.perf_counter()
+
+  def keep(stage, record):
     if stage.timed:
       timings[stage.name] = record['seconds']
       plan.finish(stage.name)
     where = stage.name if stage.result is None else stage.result
     if where:
       _keep(results, where, record)
+
+  beside = _Beside(spec.concurrent, keep)
+  try:
+    for stage in stages:
+      beside.wait(stage.name, lambda s=stage: all(
+          d in timings or done.done(d) for d in after[s.name]) and (
+              s.name not in background or beside.free()))
+      # A training stage's share of what is left of the budget.
+      limit = (None if not stage.timed or done.done(stage.name)
+               else plan.time_limit(stage.name))
+      ctx = Context(spec, work_dir, stage.name, seed, results, limit,
+                    options, background=stage.name in background,
+                    memory=stage.memory, cancel=beside.cancel)
+      if stage.timed:
+        plan.start(stage.name)
+      call = lambda s=stage, c=ctx: done.run(
+          s.name, lambda: kinds[s.kind](c, **s.args))
+      if stage.name in background:
+        beside.start(stage, call)
+      else:
+        keep(stage, call())
+    beside.wait('the end', lambda: not beside.running)
+  finally:
+    beside.close()
   results.update(family.finish(spec, work_dir, results, has_qa))
   results['timings'] = timings
+  results['wall_seconds'] = time.perf_counter() - began
   family.report(results, work_dir, docs_dir)
   return results

@@ -3,12 +3,21 @@
 every BERT, blocks of 128 wordpieces, 8 candidates, the 30x stale index.
 Each run sees 100x the demo's queries (ICT 128,000, the reader 320,000,
 pre-training 80,000, drawn from every salient span of the training blocks,
-none twice before each once: `data.masked_queries`). Batch 128 of
-pre-training ran out of an H100's 80 GB. About 9 minutes of stages on one
-H100 by the stage times measured there on 2026-11-27 (docs/results/
-gpu_stage_times_h100_2026-11-27.json, what the plan reads until a whole
-run is recorded), against a budget of 8: launch/gpu_demo.sh's 9 minutes,
-less its install and the bundle's check, shared among the stages."""
+none twice before each once: `data.masked_queries`).
+
+Training stages run side by side, up to three at once, each in processes of
+its own with its share of the GPU's memory: the ICT retriever beside the
+warm reader, then REALM, its 30x stale run and the baseline together, while
+this process scores each run as it ends. Their starts (compiling,
+restoring, the first index) then overlap the others' steps, which share
+the GPU. REALM's step at batch 64 asks XLA for about 40 GiB of
+temporaries, so in its 32% of an 80 GB H100 the trainer splits the batch
+into microbatches (`train.memory_fraction`). The budget is 8 minutes:
+launch/gpu_demo.sh's 9, less its install and the bundle's check; the plan
+reads the newest record of the stage times measured on a GPU
+(docs/results/gpu*.json)."""
+
+import dataclasses
 
 from realm_jax.experiments.preset import Preset
 from realm_jax.experiments.presets import _wiki
@@ -16,8 +25,32 @@ from realm_jax.experiments.presets import _wiki
 ICT_STEPS, READER_STEPS, PRETRAIN_STEPS, REFRESH_INTERVAL = 500, 1250, 1250, 20
 BATCH, PRETRAIN_BATCH = 256, 64
 SETUP = 'gin/setups/gpu_demo.gin'
-RUNS = {'realm': {}, 'baseline': {'Pretrain.num_candidates': 1},
-        'stale': {'run_refresh.stale_factor': _wiki.STALE_FACTOR}}
+RUNS = {'realm': {}, 'stale': {'run_refresh.stale_factor': _wiki.STALE_FACTOR},
+        'baseline': {'Pretrain.num_candidates': 1}}
+# Each training stage's share of the GPU's memory (its index builder's
+# included), and this process's: the shares of the stages that run at once
+# leave about 10% for the CUDA contexts of six processes.
+MEMORY = {'ict': 0.3, 'reader': 0.3, 'pretrain_realm': 0.32,
+          'pretrain_stale': 0.32, 'pretrain_baseline': 0.1}
+SCORING_MEMORY = 0.12
+
+
+def _stages():
+  corpus, machine, ict, recall_ict, reader = _wiki.warm_starts(
+      ICT_STEPS, READER_STEPS, BATCH)
+  pretraining = {stage.name: stage for stage in _wiki.pretraining(
+      RUNS, PRETRAIN_STEPS, PRETRAIN_BATCH, REFRESH_INTERVAL)}
+  order = (  # Each scored once its run is trained: the baseline first.
+      'pretrain_realm', 'pretrain_stale', 'pretrain_baseline',
+      'masked_lm_baseline', 'throughput', 'masked_lm_realm')
+  stages = (corpus, machine, ict, reader, recall_ict,
+            *(pretraining[name] for name in order),
+            _wiki.recall('recall_realm', 'realm'),
+            pretraining['masked_lm_stale'],
+            _wiki.recall('recall_stale', 'stale'))
+  return tuple(dataclasses.replace(s, memory=MEMORY.get(s.name))
+               for s in stages)
+
 
 PRESET = Preset(
     family='demo', setup=SETUP, run_gin=('gin/runs/eval.gin',),
@@ -27,14 +60,7 @@ PRESET = Preset(
            'ablations': False, 'end_to_end': False, 'stale': True,
            'ict_batch': BATCH, 'reader_batch': BATCH,
            'pretrain_batch': PRETRAIN_BATCH},
-    stages=(
-        # corpus, machine, ict, recall_ict, reader;
-        *_wiki.warm_starts(ICT_STEPS, READER_STEPS, BATCH),
-        # pretrain_<run> for each run, throughput, masked_lm_<run> for each;
-        *_wiki.pretraining(RUNS, PRETRAIN_STEPS, PRETRAIN_BATCH,
-                           REFRESH_INTERVAL),
-        _wiki.recall('recall_realm', 'realm'),
-        _wiki.recall('recall_stale', 'stale')),
+    stages=_stages(),
     comparisons=(('masked_lm', ('realm', 'baseline'), ('realm', 'stale')),
                  ('recall', ('realm', 'ict'), ('realm', 'stale'))),
-    prepared=True, budget_minutes=8)
+    prepared=True, budget_minutes=8, concurrent=3, memory=SCORING_MEMORY)
