@@ -114,7 +114,8 @@ def build(run_name: str, model: str, batch_size: int, dtype: str,
   trainer = Trainer(run.objective, partitioning.make_mesh(devices=devices),
                     num_steps=1000)
   step_flops, config = _model_flops(run, batch_size)
-  inputs = _inputs(run.objective.abstract_inputs(batch_size, BLOCK_LENGTH),
+  inputs = _inputs(run.objective.abstract_inputs(
+      batch_size, run.block_length or BLOCK_LENGTH),
                    config.vocab_size, run.shapes['query_token_ids'][0])
   return trainer, trainer.initial_state(), inputs, step_flops
 

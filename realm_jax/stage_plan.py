@@ -175,7 +175,7 @@ class Plan:
       for s in running:
         if left[s][0]:
           left[s][0] = max(left[s][0] - step, 0.0)
-        else:
+        elif left[s][1]:
           left[s][1] = max(left[s][1] - step / stepping, 0.0)
       for s in [s for s in running if left[s] == [0.0, 0.0]]:
         running.remove(s)

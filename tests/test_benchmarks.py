@@ -4,6 +4,7 @@ search, utilisation at most 1, our encoder computing what PyTorch's does);
 likewise the accelerator mode's smoke run, its search sweep and its time
 budget."""
 
+import gzip
 import importlib.util
 import json
 import math
@@ -192,3 +193,36 @@ def test_accelerator_quick_run_of_every_row(tmp_path, capsys):
   out = capsys.readouterr().out
   for heading in run.ACCELERATOR_COLUMNS.values():
     assert f'### {heading[0]}' in out
+
+
+@pytest.mark.unit
+def test_a_profile_sums_each_device_line_by_name_and_kind(tmp_path):
+  from benchmarks import profile  # pylint: disable=g-import-not-at-top
+  meta = lambda pid, tid, what, name: {
+      'ph': 'M', 'pid': pid, 'tid': tid, 'name': what, 'args': {'name': name}}
+  kernel = lambda name, ts, dur: {'ph': 'X', 'pid': 2, 'tid': 7,
+                                  'name': name, 'ts': ts, 'dur': dur}
+  events = [meta(1, None, 'process_name', '/host:CPU'),
+            meta(2, None, 'process_name', '/device:GPU:0'),
+            meta(2, 7, 'thread_name', 'Stream #7'),
+            {'ph': 'X', 'pid': 1, 'tid': 3, 'name': 'python', 'ts': 0,
+             'dur': 5000},
+            # Two steps: a matmul, an overlapping fusion, an attention.
+            kernel('nvjet_hsh_256x128_gemm', 0, 400),
+            kernel('loop_fusion.12', 300, 200),
+            kernel('cudnn_generated_fort_native_sdpa', 1000, 100),
+            kernel('nvjet_hsh_256x128_gemm', 2000, 400),
+            kernel('loop_fusion.13', 2400, 200),
+            kernel('cudnn_generated_fort_native_sdpa', 3000, 100)]
+  trace = tmp_path / 'perfetto_trace.json.gz'
+  with gzip.open(trace, 'wt') as f:
+    json.dump({'traceEvents': events}, f)
+  lines = profile.summarize(str(trace), steps=2)
+  assert list(lines) == ['/device:GPU:0 Stream #7']  # Not the host's.
+  line = lines['/device:GPU:0 Stream #7']
+  # 0-500 (the fusion overlaps the matmul), 1000-1100, 2000-2600, 3000-3100.
+  assert line['busy_ms_a_step'] == pytest.approx(1.3 / 2)
+  assert line['kinds_ms_a_step'] == pytest.approx(
+      {'matmul': 0.4, 'other fusions': 0.2, 'attention': 0.1})
+  fusion = next(t for t in line['top'] if t['name'] == 'loop_fusion')
+  assert fusion['calls_a_step'] == 1 and fusion['ms_a_step'] == 0.2

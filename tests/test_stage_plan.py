@@ -110,3 +110,23 @@ def test_stages_side_by_side_overlap_their_starts_and_share_the_device(
   one_by_one = stage_plan.Plan(STAGES, SIZES, record, after=after,
                                background=STAGES[:4])
   assert one_by_one.wall() == one_by_one.total() == 400.0
+
+
+def test_without_a_record_stages_side_by_side_share_the_budget(monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(stage_plan.time, 'monotonic', lambda: clock[0])
+  after = {'ict': [], 'reader': [], 'pretrain_realm': ['ict', 'reader'],
+           'pretrain_stale': ['ict', 'reader']}
+  stages = list(after)
+  plan = stage_plan.Plan(stages, SIZES, budget_s=90.0, after=after,
+                         background=stages, concurrent=2)
+  assert plan.wall() is None
+  # Nothing expected: each counts as 1 s; two at once, two waves.
+  assert plan.time_limit('ict') == pytest.approx(45.0)
+  plan.start('ict')
+  plan.start('reader')
+  clock[0] += 30.0  # Both ran past what they were expected to take.
+  plan.finish('ict')
+  # The reader expected to end now, both runs side by side after it: each
+  # may take all that is left.
+  assert plan.time_limit('pretrain_realm') == pytest.approx(60.0)

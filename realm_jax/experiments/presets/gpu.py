@@ -35,11 +35,15 @@ MEMORY = {'ict': 0.3, 'reader': 0.3, 'pretrain_realm': 0.32,
 SCORING_MEMORY = 0.12
 
 
-def _stages():
+def stages(ict_steps=ICT_STEPS, reader_steps=READER_STEPS,
+           pretrain_steps=PRETRAIN_STEPS, refresh_interval=REFRESH_INTERVAL,
+           batch=BATCH, pretrain_batch=PRETRAIN_BATCH):
+  """The stages in the order the runner starts them, each with its share
+  of the memory (other sizes: a smaller run of the same schedule)."""
   corpus, machine, ict, recall_ict, reader = _wiki.warm_starts(
-      ICT_STEPS, READER_STEPS, BATCH)
+      ict_steps, reader_steps, batch)
   pretraining = {stage.name: stage for stage in _wiki.pretraining(
-      RUNS, PRETRAIN_STEPS, PRETRAIN_BATCH, REFRESH_INTERVAL)}
+      RUNS, pretrain_steps, pretrain_batch, refresh_interval)}
   order = (  # Each scored once its run is trained: the baseline first.
       'pretrain_realm', 'pretrain_stale', 'pretrain_baseline',
       'masked_lm_baseline', 'throughput', 'masked_lm_realm')
@@ -60,7 +64,7 @@ PRESET = Preset(
            'ablations': False, 'end_to_end': False, 'stale': True,
            'ict_batch': BATCH, 'reader_batch': BATCH,
            'pretrain_batch': PRETRAIN_BATCH},
-    stages=_stages(),
+    stages=stages(),
     comparisons=(('masked_lm', ('realm', 'baseline'), ('realm', 'stale')),
                  ('recall', ('realm', 'ict'), ('realm', 'stale'))),
     prepared=True, budget_minutes=8, concurrent=3, memory=SCORING_MEMORY)
