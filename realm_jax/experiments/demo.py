@@ -422,7 +422,7 @@ def figures(results: dict) -> dict[str, float | None]:
           masked['baseline']['masked_token_accuracy']),
       'NQ recall@5 of REALM, answer in the corpus (%)': _dig(
           results, 'recall_realm', 'top-5_answer_in_corpus'),
-      'whole preset (minutes)': sum(results['timings'].values()) / 60}
+      'whole preset (minutes)': runner.wall_seconds(results) / 60}
 
 
 def run_repeats(work_dir: str, preset: str, docs_dir: str | None,
@@ -516,11 +516,7 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
     lines.append(f'| {name} | {row["queries"]:,} | '
                  f'{_f(100 * row["masked_token_accuracy"])} | '
                  f'{_f(row["loss"], 3)} | {_f(row["retrieval_utility"], 4)} |')
-  lines += ['', '## Time per stage (s)', '', '| stage | seconds |',
-            '|---|---|']
-  timings = results.get('timings', {})
-  lines += [f'| {k} | {v:.0f} |' for k, v in timings.items()]
-  lines += [f'| total | {sum(timings.values()):.0f} |', '']
+  lines += ['', '## Time per stage (s)', '', *runner.time_lines(results)]
   return '\n'.join(lines)
 
 

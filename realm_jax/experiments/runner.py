@@ -168,6 +168,24 @@ def freshness(model_dir: str) -> dict:
 KINDS = {'machine': lambda ctx: machine_lib.machine(), 'train': train}
 
 
+def wall_seconds(results: dict) -> float:
+  """A preset's wall time, the stages' sum where no run measured it
+  (results written before; stages run side by side overlap)."""
+  return results.get('wall_seconds') or sum(results['timings'].values())
+
+
+def time_lines(results: dict) -> list[str]:
+  """The report's table of seconds per stage, and the whole run's."""
+  timings = results.get('timings', {})
+  lines = ['| stage | seconds |', '|---|---|']
+  lines += [f'| {k} | {v:.0f} |' for k, v in timings.items()]
+  lines.append(f'| total | {sum(timings.values()):.0f} |')
+  if results.get('wall_seconds'):
+    lines.append(f'| wall time (stages side by side overlap) | '
+                 f'{results["wall_seconds"]:.0f} |')
+  return lines + ['']
+
+
 class Family(NamedTuple):
   """What a family of presets (`Preset.family`, its name) adds to the
   runner: its stage kinds; whether its QA stages can run

@@ -361,7 +361,7 @@ def figures(results: dict) -> dict[str, float | None]:
       'recall@1, template 2 (%)': percent(templates[1]),
       'edited facts answered with the new value (%)': percent(
           edit and edit['answered_new_value']),
-      'whole preset (minutes)': sum(results['timings'].values()) / 60}
+      'whole preset (minutes)': runner.wall_seconds(results) / 60}
 
 
 # Goals on comparisons: path -> label.
@@ -449,7 +449,7 @@ def markdown(results: dict) -> str:
       f'Machine: {m["cpu"]}, {m["cores"]} cores, 2048^3 float32 matmul '
       f'{m["matmul_2048_gflops"]} GFLOP/s in JAX. Commit: '
       f'{m.get("commit") or "not recorded"}. Whole preset: '
-      f'{sum(results["timings"].values()) / 60:.1f} minutes.', '',
+      f'{runner.wall_seconds(results) / 60:.1f} minutes.', '',
       f'The world (`realm_jax/data/world.py`, seed {spec["seed"]}): '
       f'{spec["people"]:,} people with a document, '
       f'{spec["held_out_share"]:.0%} of them held out (their documents are '
@@ -506,9 +506,7 @@ def markdown(results: dict) -> str:
             'held-out queries, with the index the trainer was reading (the '
             'scores above embed the corpus with the last step\'s towers).',
             '',
-            '## Time per stage (s)', '', '| stage | seconds |', '|---|---|']
-  lines += [f'| {k} | {v:.0f} |' for k, v in results['timings'].items()]
-  lines += [f'| total | {sum(results["timings"].values()):.0f} |', '']
+            '## Time per stage (s)', '', *runner.time_lines(results)]
   return '\n'.join(lines)
 
 
