@@ -156,6 +156,8 @@ def run_alone(job: Job, cancel: threading.Event | None = None,
               poll_seconds: float = 0.5) -> None:
   """Runs `job` to its end; raises JobFailed when it fails, or, stopping
   it, once `cancel` is set."""
+  if job.log is not None:
+    os.makedirs(os.path.dirname(job.log), exist_ok=True)
   with contextlib.ExitStack() as files:
     process = _start(job, files)
     try:

@@ -114,7 +114,8 @@ def _runs_and_minutes(r: dict) -> tuple[int, float]:
   if 'repeats' in r:
     return (r['repeats']['runs'],
             r['repeats']['figures']['whole preset (minutes)']['mean'])
-  return 1, sum(r['timings'].values()) / 60
+  from realm_jax.experiments import runner  # pylint: disable=g-import-not-at-top
+  return 1, runner.wall_seconds(r) / 60
 
 
 def demo_table(results_dir: str = RESULTS, preset: str = 'demo') -> str:
@@ -178,6 +179,18 @@ def preset_provenance(preset: str, results_dir: str = RESULTS) -> str:
   return provenance(runs, r['machine'], minutes)
 
 
+def stage_times(preset: str, results_dir: str = RESULTS) -> str:
+  """A run's wall time, its stages' sum, and the stages its budget cut."""
+  from realm_jax.experiments import demo, runner  # pylint: disable=g-import-not-at-top
+  r = load(preset, results_dir)
+  cut = demo.cut_stages(r, r['sizes'])
+  return (f'{runner.wall_seconds(r):.0f} s of stages ('
+          f'{sum(r["timings"].values()):.0f} s one after another)'
+          + ('; the budget stopped ' + ', '.join(
+              f'{name} at step {reached:,} of {asked:,}'
+              for name, reached, asked in cut) if cut else ''))
+
+
 DEMO_PRESETS = ('demo', 'reproduce', 'end_to_end', 'gpu')
 FIGURES: dict[str, Callable[[str], str]] = {
     **{f'{p}.comparisons': functools.partial(comparisons, p)
@@ -190,6 +203,7 @@ FIGURES: dict[str, Callable[[str], str]] = {
     'world.levers': world_levers,
     'demo.table': demo_table,
     'gpu.table': lambda d: demo_table(d, 'gpu'),
+    'gpu.stages': functools.partial(stage_times, 'gpu'),
     'gpu.accuracy': lambda d: _comparison(
         'gpu', 'masked_lm/realm_vs_baseline/masked_token_accuracy',
         results_dir=d),

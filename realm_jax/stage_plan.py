@@ -90,8 +90,10 @@ class Plan:
         seen == 'pretrain_realm' and record.get('throughput', {}).get(
             'step_seconds'))
     if step_s:
+      # A stage that stepped beside others took the device 1/n of the time.
+      beside = (record.get(seen) or {}).get('steps_beside') or 1.0
       return (max(timings[seen] - steps_then * step_s, 0.0),
-              steps * step_s)
+              steps * step_s / beside)
     return timings[seen] * steps / steps_then, 0.0
 
   def total(self) -> float | None:
@@ -183,17 +185,19 @@ class Plan:
     return {s: (begun[s], ended[s]) for s in ended}
 
   def time_limit(self, stage: str) -> float | None:
-    """Seconds `stage` may take now: what is left of the budget, shared by
-    the stages still to run by their expected times in the schedule
-    (`_schedule`); one after another, each gets its expected share.
-    None without a budget."""
+    """Seconds `stage` may take now: its expected length in the schedule
+    of the stages still to run (`_schedule`) and whatever that schedule
+    leaves of the budget; when it would run over, its share of what is
+    left by that length. None without a budget."""
     if self.deadline is None:
       return None
     left = max(self.deadline - time.monotonic(), 0.0)
     schedule = self._schedule()
     wall = max(end for _, end in schedule.values())
     begin, end = schedule[stage]
-    return left * (end - begin) / wall if wall else left
+    if wall <= left:
+      return end - begin + left - wall
+    return left * (end - begin) / wall
 
   def start(self, stage: str) -> None:
     self.started[stage] = time.monotonic()

@@ -82,8 +82,11 @@ def test_training_stages_run_side_by_side_each_in_processes_of_its_own(
   assert results['pretrain_realm']['index_steps_kept']
   assert results['pretrain_baseline']['steps_reached'] == 2
   assert {'baseline', 'realm'} <= set(results['masked_lm'])
-  # The stages overlapped: the run took less than its stages one by one.
+  # The stages overlapped: the run took less than its stages one by one,
+  # and each records how many stepped beside it (the next plan's share).
   assert results['wall_seconds'] < sum(results['timings'].values())
+  assert results['pretrain_realm']['steps_beside'] >= 1.0
+  assert results['pretrain_realm']['began_s'] > results['ict']['began_s']
 
 
 @pytest.mark.unit
@@ -114,3 +117,17 @@ def test_stages_wait_for_the_runs_they_read_and_a_failure_stops_the_rest():
   with pytest.raises(ValueError, match='out of memory'):
     beside.wait('the end', lambda: not beside.running)
   assert stopped == [True] and kept == ['ict']
+
+
+@pytest.mark.unit
+def test_how_many_stages_stepped_beside_each_other():
+  # a steps from 10 s to 110 s; b from 60 s to 110 s; c alone, later.
+  records = {'a': {'began_s': 0.0, 'first_row_seconds': 10.0,
+                   'seconds': 110.0},
+             'b': {'began_s': 0.0, 'first_row_seconds': 60.0,
+                   'seconds': 110.0},
+             'c': {'began_s': 120.0, 'first_row_seconds': 5.0,
+                   'seconds': 25.0},
+             'scored': {'seconds': 3.0}}
+  beside = runner.steps_beside(records)
+  assert beside == pytest.approx({'a': 1.5, 'b': 2.0, 'c': 1.0})

@@ -121,8 +121,9 @@ def test_without_a_record_stages_side_by_side_share_the_budget(monkeypatch):
   plan = stage_plan.Plan(stages, SIZES, budget_s=90.0, after=after,
                          background=stages, concurrent=2)
   assert plan.wall() is None
-  # Nothing expected: each counts as 1 s; two at once, two waves.
-  assert plan.time_limit('ict') == pytest.approx(45.0)
+  # Nothing expected: each counts as 1 s; two at once, two waves: each
+  # stage may take its second and all that the schedule leaves.
+  assert plan.time_limit('ict') == pytest.approx(89.0)
   plan.start('ict')
   plan.start('reader')
   clock[0] += 30.0  # Both ran past what they were expected to take.
@@ -130,3 +131,24 @@ def test_without_a_record_stages_side_by_side_share_the_budget(monkeypatch):
   # The reader expected to end now, both runs side by side after it: each
   # may take all that is left.
   assert plan.time_limit('pretrain_realm') == pytest.approx(60.0)
+
+
+def test_a_stage_timed_beside_others_is_expected_at_its_share_of_the_device():
+  # 100 steps at 0.2 s while another stage stepped too: 0.1 s of the
+  # device a step, which the schedule shares again.
+  beside = {**RECORD, 'pretrain_realm': {'step_seconds': 0.2,
+                                         'steps_beside': 2.0}}
+  plan = stage_plan.Plan(STAGES, SIZES, beside)
+  assert plan.parts['pretrain_realm'] == pytest.approx((50.0, 40.0))
+
+
+@pytest.mark.parametrize('budget, expected', [(250.0, 100.0), (100.0, 25.0)])
+def test_a_stage_takes_what_the_schedule_leaves_of_the_budget(
+    monkeypatch, budget, expected):
+  monkeypatch.setattr(stage_plan.time, 'monotonic', lambda: 0.0)
+  plan = stage_plan.Plan(['a', 'b'], {}, budget_s=budget)
+  plan.parts = {'a': (50.0, 0.0), 'b': (50.0, 100.0)}
+  plan.expected = {'a': 50.0, 'b': 150.0}
+  # 200 s expected: under a budget of 250 s, `a` may take its 50 s and
+  # the 50 s the schedule leaves; over one of 100 s, its share, a quarter.
+  assert plan.time_limit('a') == pytest.approx(expected)

@@ -520,15 +520,21 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
   return '\n'.join(lines)
 
 
-def _cut_lines(results: dict, sizes: dict) -> list[str]:
-  """Which training stages their share of the time budget stopped early,
-  said before the settings that name the steps asked for."""
+def cut_stages(results: dict, sizes: dict) -> list[tuple[str, int, int]]:
+  """(stage, step reached, steps asked) of each training stage its share
+  of the time budget stopped early."""
   cut = [(name, record['steps_reached'], stage_plan.steps_of(name, sizes))
          for name, record in results.items() if isinstance(record, dict)
          and record.get('steps_reached') is not None
          and stage_plan.steps_of(name, sizes)]
-  cut = [(name, reached, asked) for name, reached, asked in cut
-         if reached < asked]
+  return [(name, reached, asked) for name, reached, asked in cut
+          if reached < asked]
+
+
+def _cut_lines(results: dict, sizes: dict) -> list[str]:
+  """Which training stages their share of the time budget stopped early,
+  said before the settings that name the steps asked for."""
+  cut = cut_stages(results, sizes)
   if not cut:
     return []
   return ['**Stopped by the time budget:** ' + '; '.join(

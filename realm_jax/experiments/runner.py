@@ -119,11 +119,11 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
       run_loader.configure(files, lines)
       run_loader.train(model_dir)
     else:
-      os.makedirs(model_dir, exist_ok=True)
       launch_local.run_alone(launch_local.Job(
           f'{ctx.stage} trainer',
           launch_local.realm_jax_argv('train', model_dir, train_args),
-          os.path.join(model_dir, launch_local.TRAIN_LOG),
+          os.path.join(launch_local.log_dir(model_dir),
+                       launch_local.TRAIN_LOG),
           share(ctx.memory)), ctx.cancel)
     return reached(model_dir)
   launch_local.run(
@@ -141,17 +141,40 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
 
 def reached(model_dir: str) -> dict:
   """The step a training stage ended at (below its steps when its share
-  of the budget ran out) and its median step time after the first (what
-  the next run's plan expects, `stage_plan`)."""
+  of the budget ran out), its median step time after the first (what
+  the next run's plan expects, `stage_plan`) and the seconds of its first
+  logged row (compiling: when it began to step)."""
   kept = run_directory.reload(run_directory.trainer_checkpoints(model_dir))
-  _, seconds = curves.read_metrics(os.path.join(
+  steps, seconds = curves.read_metrics(os.path.join(
       model_dir, 'train_metrics.jsonl')).get('step_seconds', ([], []))
+  first = steps[0] * seconds[0] if seconds else None
   # The first logged row holds the first step, which compiles: a stage
   # stopped after a few steps would otherwise record the compile as its
   # step time.
   seconds = seconds[1:] if len(seconds) > 1 else []
   return {'steps_reached': kept[-1] if kept else 0,
-          'step_seconds': statistics.median(seconds) if seconds else None}
+          'step_seconds': statistics.median(seconds) if seconds else None,
+          'first_row_seconds': first}
+
+
+def steps_beside(records: dict) -> dict:
+  """For each training stage that ran beside others (its record has
+  `began_s`, seconds from the run's start), how many stages were stepping
+  at once, itself included, on average over its own steps (from the end
+  of its first logged row to its end): its step time over that is what
+  a step takes the device (`stage_plan`)."""
+  stepping = {name: (r['began_s'] + (r.get('first_row_seconds') or 0.0),
+                     r['began_s'] + r['seconds'])
+              for name, r in records.items() if 'began_s' in r}
+  beside = {}
+  for name, (start, end) in stepping.items():
+    cuts = sorted({start, end, *(t for span in stepping.values()
+                                 for t in span if start < t < end)})
+    weighted = sum((b - a) * sum(s <= a and b <= e
+                                 for s, e in stepping.values())
+                   for a, b in zip(cuts, cuts[1:]))
+    beside[name] = weighted / (end - start) if end > start else 1.0
+  return beside
 
 
 def freshness(model_dir: str) -> dict:
@@ -294,9 +317,11 @@ def run(family: Family, work_dir: str, name: str,
   print(f'realm-jax demo --preset={results["preset"]}: the plan\n'
         + '\n'.join(plan.lines()), flush=True)
   done = Stages(work_dir)
-  began = time.perf_counter()
+  began = time.monotonic()  # The plan's clock: stages' starts against it.
 
   def keep(stage, record):
+    if stage.name in background and stage.name in plan.started:
+      record = {**record, 'began_s': plan.started[stage.name] - began}
     if stage.timed:
       timings[stage.name] = record['seconds']
       plan.finish(stage.name)
@@ -327,8 +352,12 @@ def run(family: Family, work_dir: str, name: str,
     beside.wait('the end', lambda: not beside.running)
   finally:
     beside.close()
+  for name, count in steps_beside(
+      {s.name: results[s.name] for s in stages
+       if s.name in background and s.name in results}).items():
+    results[name]['steps_beside'] = count
   results.update(family.finish(spec, work_dir, results, has_qa))
   results['timings'] = timings
-  results['wall_seconds'] = time.perf_counter() - began
+  results['wall_seconds'] = time.monotonic() - began
   family.report(results, work_dir, docs_dir)
   return results
