@@ -289,3 +289,13 @@ def test_throughput_is_the_median_step_after_compiling_over_the_peak(
   # A CPU has no data-sheet peak and no bf16 rate measured.
   assert 'mfu' not in demo.throughput(str(tmp_path), {'device': None})
 
+
+
+@pytest.mark.unit
+def test_training_queries_count_the_distinct_and_the_most_repeated():
+  # An epoch draws each of 1,000 queries once before any twice.
+  assert demo.training_queries(10, 64, 1000) == {
+      'drawn': 640, 'distinct': 640, 'most_repeated': 1}
+  assert demo.training_queries(20, 64, 1000) == {
+      'drawn': 1280, 'distinct': 1000, 'most_repeated': 2}
+  assert demo.training_queries(20, 64, None)['distinct'] is None

@@ -115,8 +115,9 @@ def test_train_refresh_eval_and_search_run_without_the_tf_stack(
              '--task=masked_lm', '--batch_size=8')
   with open(os.path.join(pretrain, 'eval', 'masked_lm_metrics.json')) as f:
     scored = json.load(f)
-  # Every held-out span once.
+  # Every held-out span once; an epoch of training, every training span.
   assert scored['queries'] == spans['validation']['spans'] > 0, out
+  assert scored['train_queries_an_epoch'] == spans['train']['spans'] > 0
   rows = masked_lm.read_queries(os.path.join(pretrain, 'eval'), 'masked_lm')
   assert scored['masked_token_accuracy'] == pytest.approx(
       sum(r['correct_tokens'] for r in rows)

@@ -126,6 +126,10 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   summary = {'model_dir': model_dir, 'step': restored.step,
              'index_step': preparer.retrieval.client.index_step,
              'num_candidates': run.objective.num_candidates,
+             # How many distinct queries the run could draw (its report
+             # says how many it saw, and how often one came back).
+             'train_queries_an_epoch': restored.source.example_count(
+                 run.task, 'train', run.shapes),
              **summarize(rows)}
   output = epath.Path(output_dir)
   output.mkdir(parents=True, exist_ok=True)

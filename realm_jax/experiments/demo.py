@@ -324,12 +324,13 @@ def bound_value(config: str, name: str):
 
 
 def saved_configs(work_dir: str) -> dict[str, str]:
-  """The operative config each training run of the prose saved, by run:
-  RESULTS.md states the settings they trained with."""
-  paths = {name: epath.Path(work_dir) / name / run_directory.CONFIG
-           for name in ('ict', 'reader', 'realm')}
-  return {name: path.read_text() for name, path in paths.items()
-          if path.exists()}
+  """The operative config each training run saved, by run: the report
+  states the settings they trained with."""
+  root = epath.Path(work_dir)
+  if not root.is_dir():
+    return {}
+  return {run.name: (run / run_directory.CONFIG).read_text()
+          for run in root.iterdir() if (run / run_directory.CONFIG).exists()}
 
 
 def comparison_rows(results: dict) -> list[str]:
@@ -509,6 +510,7 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
       lines.append(f'| {name} | {_f(row.get("mean_index_staleness"))} | '
                    f'{_f(row.get("max_index_staleness"), 0)} | '
                    f'{row.get("index_steps_kept")} |')
+  lines += _queries_lines(results, configs)
   lines += ['', '## Held-out masked-LM scores (every held-out salient span)',
             '', '| model | queries | accuracy (%) | -log p(y\\|x) | '
             'retrieval utility |', '|---|---|---|---|---|']
@@ -529,6 +531,42 @@ def cut_stages(results: dict, sizes: dict) -> list[tuple[str, int, int]]:
          and stage_plan.steps_of(name, sizes)]
   return [(name, reached, asked) for name, reached, asked in cut
           if reached < asked]
+
+
+def training_queries(steps: int, batch: int, an_epoch: int | None) -> dict:
+  """How many training queries a run of `steps` batches drew, how many of
+  them were distinct and how often the most repeated came back, where an
+  epoch draws every one of `an_epoch` once before any twice
+  (`data.masked_queries`)."""
+  drawn = steps * batch
+  if not an_epoch:
+    return {'drawn': drawn, 'distinct': None, 'most_repeated': None}
+  return {'drawn': drawn, 'distinct': min(drawn, an_epoch),
+          'most_repeated': -(-drawn // an_epoch)}
+
+
+def _queries_lines(results: dict, configs: dict[str, str]) -> list[str]:
+  """Each pre-training run's training queries: drawn, distinct, the most
+  repeated one's count."""
+  lines = []
+  for name, scored in results.get('masked_lm', {}).items():
+    trained = results.get(f'pretrain_{name}') or {}
+    batch = bound_value(configs.get(name, ''), 'train.batch_size')
+    if trained.get('steps_reached') is None or batch is None:
+      continue
+    q = training_queries(trained['steps_reached'], int(batch),
+                         scored.get('train_queries_an_epoch'))
+    count = lambda v: '-' if v is None else f'{v:,}'
+    lines.append(f'| {name} | {q["drawn"]:,} | '
+                 f'{count(scored.get("train_queries_an_epoch"))} | '
+                 f'{count(q["distinct"])} | {count(q["most_repeated"])} |')
+  if not lines:
+    return []
+  return ['', '## Training queries', '',
+          'Each epoch draws every salient span of the training blocks once '
+          'before any twice.', '',
+          '| run | drawn | an epoch | distinct | the most repeated, times |',
+          '|---|---|---|---|---|', *lines]
 
 
 def _cut_lines(results: dict, sizes: dict) -> list[str]:
