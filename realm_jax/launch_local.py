@@ -68,16 +68,17 @@ def log_dir(model_dir: str) -> str:
 
 
 def jobs(model_dir: str, train_args, refresh_args,
-         train_log: bool = False, train_env=(), refresh_env=()
-         ) -> tuple[Job, Job]:
+         train_log: bool = False, train_env=(), refresh_env=(),
+         label: str = '') -> tuple[Job, Job]:
   """The trainer and the index builder on `model_dir`; each gets its own
-  gin files, flags and environment."""
+  gin files, flags and environment, and `label` before its name."""
   logs = log_dir(model_dir)
-  return (Job('trainer', realm_jax_argv('train', model_dir, train_args),
+  named = lambda name: f'{label} {name}' if label else name
+  return (Job(named('trainer'), realm_jax_argv('train', model_dir, train_args),
               os.path.join(logs, TRAIN_LOG) if train_log else None,
               tuple(train_env)),
-          Job('index builder', realm_jax_argv('refresh', model_dir,
-                                              refresh_args),
+          Job(named('index builder'), realm_jax_argv('refresh', model_dir,
+                                                     refresh_args),
               os.path.join(logs, REFRESH_LOG), tuple(refresh_env)))
 
 
@@ -213,18 +214,18 @@ def run_beside(main: Job, beside: Job, beside_timeout: float,
 
 def run(model_dir: str, train_args, refresh_args, *, train_log: bool = False,
         refresh_timeout: float = 600, train_env=(), refresh_env=(),
-        cancel: threading.Event | None = None) -> None:
+        cancel: threading.Event | None = None, label: str = '') -> None:
   """`realm-jax train` and `realm-jax refresh` on `model_dir`, side by side,
   until both are done; `train_args` / `refresh_args` follow --model_dir,
   `train_env` / `refresh_env` (name, value pairs) add to each one's
-  environment.
+  environment; `label` goes before their names in messages.
 
   Raises JobFailed naming the job that failed and its log, or once `cancel`
   is set.
   """
   os.makedirs(log_dir(model_dir), exist_ok=True)
   trainer, builder = jobs(model_dir, train_args, refresh_args, train_log,
-                          train_env, refresh_env)
+                          train_env, refresh_env, label)
   run_beside(trainer, builder, refresh_timeout, cancel=cancel)
 
 

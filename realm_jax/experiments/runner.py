@@ -135,7 +135,8 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
                       preset_lib.gin_bindings(builder, ctx.work_dir))],
       refresh_timeout=refresh_timeout, train_log=ctx.background,
       train_env=share((ctx.memory or 0) - BUILDER_MEMORY),
-      refresh_env=share(BUILDER_MEMORY), cancel=ctx.cancel)
+      refresh_env=share(BUILDER_MEMORY), cancel=ctx.cancel,
+      label=ctx.stage if ctx.background else '')
   return {**freshness(model_dir), **reached(model_dir)}
 
 
