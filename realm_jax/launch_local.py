@@ -109,7 +109,8 @@ def _stop(process: subprocess.Popen, grace_seconds: float = 10) -> None:
       process.wait()
 
 
-def _exit_on_sigterm(signum, frame) -> None:
+def exit_on_sigterm(signum, frame) -> None:
+  """SIGTERM as SystemExit, so that `finally` blocks stop the jobs."""
   del frame
   raise SystemExit(128 + signum)
 
@@ -150,7 +151,8 @@ class _Restarted:
 
 def _check(cancel: threading.Event | None) -> None:
   if cancel is not None and cancel.is_set():
-    raise JobFailed('stopped: another job of this run failed')
+    raise JobFailed('stopped: the run stops (another of its jobs failed, '
+                    'or it was interrupted)')
 
 
 def run_alone(job: Job, cancel: threading.Event | None = None,
@@ -187,7 +189,7 @@ def run_beside(main: Job, beside: Job, beside_timeout: float,
   with contextlib.ExitStack() as files:
     if threading.current_thread() is threading.main_thread():
       files.callback(signal.signal, signal.SIGTERM,
-                     signal.signal(signal.SIGTERM, _exit_on_sigterm))
+                     signal.signal(signal.SIGTERM, exit_on_sigterm))
     helper = primary = None
     try:
       helper = _Restarted(beside, files, beside_restarts)

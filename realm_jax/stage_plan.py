@@ -4,10 +4,11 @@ A preset that must end within a machine's lease (the GPU preset: one
 command of 9 minutes) plans before it starts: each stage's expected
 seconds, from the preset's last recorded run (docs/results/<preset>.json)
 scaled by its steps, and the total against the budget. As it goes, each
-training stage may take its share of what is left (`train.time_limit_s`,
-counted from the stage's start, compiling included) and then ends with the
-steps it reached, checkpointed, so that one stage running over does not eat
-the stages after it.
+training stage may take its expected length and what the plan leaves of
+the budget, or its share of what is left when the plan runs over
+(`train.time_limit_s`, counted from the stage's start, compiling
+included), and then ends with the steps it reached, checkpointed, so that
+one stage running over does not eat the stages after it.
 """
 
 import json
@@ -106,7 +107,7 @@ class Plan:
     end: the total, or with stages side by side their schedule's length."""
     if not self.background or self.total() is None:
       return self.total()
-    return max(end for _, end in self._schedule().values())
+    return max((end for _, end in self._schedule().values()), default=0.0)
 
   def lines(self) -> list[str]:
     """The plan as a table, with the budget and the source of the times."""
@@ -131,7 +132,8 @@ class Plan:
           f'Budget: {self.budget_s:.0f} s; '
           + ('over it: each training stage stops at its share and keeps '
              'the steps it reached.' if over else
-             'each training stage may take its share of what is left.'))
+             'each training stage may take its expected time and what the '
+             'plan leaves of the budget.'))
     return lines
 
   def _schedule(self) -> dict[str, tuple[float, float]]:
@@ -193,7 +195,9 @@ class Plan:
       return None
     left = max(self.deadline - time.monotonic(), 0.0)
     schedule = self._schedule()
-    wall = max(end for _, end in schedule.values())
+    wall = max((end for _, end in schedule.values()), default=0.0)
+    if stage not in schedule:
+      return left
     begin, end = schedule[stage]
     if wall <= left:
       return end - begin + left - wall

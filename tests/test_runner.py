@@ -121,13 +121,14 @@ def test_stages_wait_for_the_runs_they_read_and_a_failure_stops_the_rest():
 
 @pytest.mark.unit
 def test_how_many_stages_stepped_beside_each_other():
-  # a steps from 10 s to 110 s; b from 60 s to 110 s; c alone, later.
-  records = {'a': {'began_s': 0.0, 'first_row_seconds': 10.0,
+  # a steps from 10 s to 110 s; b from 60 s to 110 s; c alone, later
+  # (each its last steps x step time of the stage).
+  records = {'a': {'began_s': 0.0, 'steps_reached': 100,
+                   'step_seconds': 1.0, 'seconds': 110.0},
+             'b': {'began_s': 0.0, 'steps_reached': 50, 'step_seconds': 1.0,
                    'seconds': 110.0},
-             'b': {'began_s': 0.0, 'first_row_seconds': 60.0,
-                   'seconds': 110.0},
-             'c': {'began_s': 120.0, 'first_row_seconds': 5.0,
-                   'seconds': 25.0},
+             'c': {'began_s': 120.0, 'steps_reached': 10,
+                   'step_seconds': 2.0, 'seconds': 25.0},
              'scored': {'seconds': 3.0}}
   beside = runner.steps_beside(records)
   assert beside == pytest.approx({'a': 1.5, 'b': 2.0, 'c': 1.0})

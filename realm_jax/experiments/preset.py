@@ -40,7 +40,7 @@ class Stage:
     timed: planned and timed (the machine's own measurement is not).
     memory: where training stages run side by side (`Preset.concurrent`),
       the share of the device's memory its processes may take (the index
-      builder's included); None: JAX's default.
+      builder's included); None: what the runner's environment sets.
   """
   name: str
   kind: str

@@ -10,11 +10,13 @@ writes the report.
 """
 
 from concurrent import futures
+import contextlib
 import dataclasses
 import datetime
 import json
 import logging
 import os
+import signal
 import statistics
 import threading
 import time
@@ -112,6 +114,11 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
   files = [f'gin/runs/{run}.gin', *ctx.preset.run_gin, ctx.preset.setup]
   train_args = [*(f'--gin_file={f}' for f in files),
                 *(f'--gin_bindings={line}' for line in lines)]
+  if builder is not None and ctx.memory is not None and (
+      ctx.memory <= BUILDER_MEMORY):
+    raise errors.BadConfig(
+        f'stage {ctx.stage}: memory={ctx.memory} leaves its trainer nothing '
+        f'beside its index builder\'s {BUILDER_MEMORY}.')
   share = (lambda f: () if ctx.memory is None
            else ((MEMORY_FRACTION, f'{f:.3f}'),))
   if builder is None:
@@ -142,31 +149,31 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
 
 def reached(model_dir: str) -> dict:
   """The step a training stage ended at (below its steps when its share
-  of the budget ran out), its median step time after the first (what
-  the next run's plan expects, `stage_plan`) and the seconds of its first
-  logged row (compiling: when it began to step)."""
+  of the budget ran out) and its median step time after the first (what
+  the next run's plan expects, `stage_plan`)."""
   kept = run_directory.reload(run_directory.trainer_checkpoints(model_dir))
-  steps, seconds = curves.read_metrics(os.path.join(
+  _, seconds = curves.read_metrics(os.path.join(
       model_dir, 'train_metrics.jsonl')).get('step_seconds', ([], []))
-  first = steps[0] * seconds[0] if seconds else None
   # The first logged row holds the first step, which compiles: a stage
   # stopped after a few steps would otherwise record the compile as its
   # step time.
   seconds = seconds[1:] if len(seconds) > 1 else []
   return {'steps_reached': kept[-1] if kept else 0,
-          'step_seconds': statistics.median(seconds) if seconds else None,
-          'first_row_seconds': first}
+          'step_seconds': statistics.median(seconds) if seconds else None}
 
 
 def steps_beside(records: dict) -> dict:
   """For each training stage that ran beside others (its record has
   `began_s`, seconds from the run's start), how many stages were stepping
-  at once, itself included, on average over its own steps (from the end
-  of its first logged row to its end): its step time over that is what
-  a step takes the device (`stage_plan`)."""
-  stepping = {name: (r['began_s'] + (r.get('first_row_seconds') or 0.0),
-                     r['began_s'] + r['seconds'])
-              for name, r in records.items() if 'began_s' in r}
+  at once, itself included, on average over its own steps (its last
+  `steps_reached` x `step_seconds` seconds, as `stage_plan` splits a
+  stage): its step time over that is what a step takes the device."""
+  stepping = {}
+  for name, r in records.items():
+    if 'began_s' in r:
+      steps_s = (r.get('steps_reached') or 0) * (r.get('step_seconds') or 0)
+      end = r['began_s'] + r['seconds']
+      stepping[name] = (end - min(steps_s, r['seconds']), end)
   beside = {}
   for name, (start, end) in stepping.items():
     cuts = sorted({start, end, *(t for span in stepping.values()
@@ -241,7 +248,11 @@ class _Beside:
     return len(self.running) < self.concurrent
 
   def start(self, stage: preset_lib.Stage, call: Callable) -> None:
-    self.running[self.pool.submit(call)] = stage
+    future = self.pool.submit(call)
+    # A failure stops the others at once, not when the runner next looks.
+    future.add_done_callback(
+        lambda f: f.exception() is not None and self.cancel.set())
+    self.running[future] = stage
 
   def wait(self, what: str, ready: Callable) -> None:
     """Keeps the records of the stages that ended until `ready()`."""
@@ -278,7 +289,9 @@ def _keep(results: dict, where: str, record: dict) -> None:
 def run(family: Family, work_dir: str, name: str,
         docs_dir: str | None = None, seed: int = 0, **options) -> dict:
   """Every stage of preset `name` (a shipped preset or a preset file) in
-  order, each run's parameters, dropout and data order from `seed`, then
+  order (with `Preset.concurrent`, training stages side by side once the
+  runs they read are trained), each run's parameters, dropout and data
+  order from `seed`, then
   the comparisons and the report (into `docs_dir` too, the record, when
   given). `family`: the kinds, comparisons and report the preset's
   family adds; `options` go to its `begin` and to every stage."""
@@ -319,10 +332,12 @@ def run(family: Family, work_dir: str, name: str,
         + '\n'.join(plan.lines()), flush=True)
   done = Stages(work_dir)
   began = time.monotonic()  # The plan's clock: stages' starts against it.
+  stepped = {}  # Each background stage's record, for `steps_beside`.
 
   def keep(stage, record):
     if stage.name in background and stage.name in plan.started:
       record = {**record, 'began_s': plan.started[stage.name] - began}
+      stepped[stage.name] = record
     if stage.timed:
       timings[stage.name] = record['seconds']
       plan.finish(stage.name)
@@ -331,6 +346,11 @@ def run(family: Family, work_dir: str, name: str,
       _keep(results, where, record)
 
   beside = _Beside(spec.concurrent, keep)
+  stack = contextlib.ExitStack()
+  if background and threading.current_thread() is threading.main_thread():
+    # A `kill` then stops the stages beside this process, not only it.
+    stack.callback(signal.signal, signal.SIGTERM, signal.signal(
+        signal.SIGTERM, launch_local.exit_on_sigterm))
   try:
     for stage in stages:
       beside.wait(stage.name, lambda s=stage: all(
@@ -341,8 +361,9 @@ def run(family: Family, work_dir: str, name: str,
                else plan.time_limit(stage.name))
       ctx = Context(spec, work_dir, stage.name, seed, results, limit,
                     options, background=stage.name in background,
-                    memory=stage.memory, cancel=beside.cancel)
-      if stage.timed:
+                    memory=stage.memory if stage.name in background
+                    else None, cancel=beside.cancel)
+      if stage.timed and not done.done(stage.name):
         plan.start(stage.name)
       call = lambda s=stage, c=ctx: done.run(
           s.name, lambda: kinds[s.kind](c, **s.args))
@@ -353,12 +374,13 @@ def run(family: Family, work_dir: str, name: str,
     beside.wait('the end', lambda: not beside.running)
   finally:
     beside.close()
-  for name, count in steps_beside(
-      {s.name: results[s.name] for s in stages
-       if s.name in background and s.name in results}).items():
-    results[name]['steps_beside'] = count
+    stack.close()
+  for name, count in steps_beside(stepped).items():
+    if name in results:
+      results[name]['steps_beside'] = count
   results.update(family.finish(spec, work_dir, results, has_qa))
   results['timings'] = timings
-  results['wall_seconds'] = time.monotonic() - began
+  if background:  # Stages overlapped: their sum is not the run's time.
+    results['wall_seconds'] = time.monotonic() - began
   family.report(results, work_dir, docs_dir)
   return results

@@ -14,7 +14,7 @@ the GPU. The budget is 8.5 minutes: launch/gpu_demo.sh's 9, less its
 install, the bundle's check and the report (5 s on an H100), and the
 stages' overrun of their shares (a checkpoint, the builder's last index);
 the plan reads the newest record of the stage times measured on a GPU
-(docs/results/gpu*.json)."""
+(docs/results/gpu.json or gpu_stage_times*.json)."""
 
 import dataclasses
 
