@@ -5,6 +5,10 @@ is checked before anything runs."""
 import datetime
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -132,3 +136,36 @@ def test_how_many_stages_stepped_beside_each_other():
              'scored': {'seconds': 3.0}}
   beside = runner.steps_beside(records)
   assert beside == pytest.approx({'a': 1.5, 'b': 2.0, 'c': 1.0})
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_kill_of_the_runner_stops_the_stages_beside_it(small_corpus_env,
+                                                         tmp_path):
+  path = os.path.join(REPO, 'tests', 'presets', 'tiny_side_by_side.py')
+  runner_process = subprocess.Popen(
+      [sys.executable, '-m', 'realm_jax.main', 'demo', f'--preset={path}',
+       f'--work_dir={tmp_path / "work"}'], cwd=REPO, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  pids = {}
+  try:
+    for line in runner_process.stdout:
+      found = re.match(r'(ict|reader) trainer: pid (\d+)', line)
+      if found:
+        pids[found.group(1)] = int(found.group(2))
+      if len(pids) == 2:
+        break
+    assert set(pids) == {'ict', 'reader'}
+    runner_process.send_signal(signal.SIGTERM)
+    assert runner_process.wait(60) != 0
+  finally:
+    runner_process.kill()
+  # Both trainers stopped with it: none left writing to the runs.
+  for pid in pids.values():
+    try:
+      os.kill(pid, 0)
+      with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+        assert f.read().rsplit(')', 1)[1].split()[0] == 'Z', pid
+    except (ProcessLookupError, FileNotFoundError):
+      pass
+  assert not (tmp_path / 'work' / 'stages' / 'ict.json').exists()
