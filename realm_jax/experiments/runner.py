@@ -291,10 +291,10 @@ def run(family: Family, work_dir: str, name: str,
   """Every stage of preset `name` (a shipped preset or a preset file) in
   order (with `Preset.concurrent`, training stages side by side once the
   runs they read are trained), each run's parameters, dropout and data
-  order from `seed`, then
-  the comparisons and the report (into `docs_dir` too, the record, when
-  given). `family`: the kinds, comparisons and report the preset's
-  family adds; `options` go to its `begin` and to every stage."""
+  order from `seed`, then the comparisons and the report (into `docs_dir`
+  too, the record, when given). `family`: the kinds, comparisons and
+  report the preset's family adds; `options` go to its `begin` and to
+  every stage."""
   spec = preset_lib.load(name)
   if spec.family != family.name:
     raise errors.BadConfig(f'preset {name!r} is of the {spec.family!r} '
