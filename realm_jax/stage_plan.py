@@ -141,9 +141,9 @@ class Plan:
     from now: each waits for the stages `after` names and, in the
     background, for one of `concurrent` places; one not in the background
     runs alone, and nothing starts while it runs (the runner's one thread
-    runs it); stages stepping at once share the device. A stage with nothing to expect counts as the mean of the
-    others. A stage started already has its elapsed seconds taken off,
-    from its start first."""
+    runs it); stages stepping at once share the device. A stage with
+    nothing to expect counts as the mean of the others. A stage started
+    already has its elapsed seconds taken off, from its start first."""
     now = time.monotonic()
     pending = [s for s in self.stages if s not in self.finished]
     known = [self.expected[s] for s in pending if self.expected[s]]
