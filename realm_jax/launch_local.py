@@ -7,7 +7,7 @@ machine, sharing one model_dir (the pod layout, shrunk to one host).
 
 The builder's log is model_dir/refresh.log; the trainer prints to this
 console (or, with --train_log, to model_dir/train.log); a gs:// model_dir
-keeps them in runs/logs. The builder exits by
+keeps them in runs/logs under its path. The builder exits by
 itself once the trainer has marked training done and the last step is
 published; this waits for both. A builder that dies is restarted (a few times,
 each exit logged with the tail of its log) while training goes on with the
@@ -62,9 +62,12 @@ def realm_jax_argv(command: str, model_dir: str, args=()) -> tuple[str, ...]:
 
 
 def log_dir(model_dir: str) -> str:
-  """Where the logs go: model_dir, or runs/logs when it is remote (gs://);
-  a process writes its output to a local file."""
-  return model_dir if '://' not in model_dir else os.path.join('runs', 'logs')
+  """Where the logs go: model_dir, or when it is remote (gs://) runs/logs
+  and its path (gs://b/demo/realm: runs/logs/b/demo/realm), so that runs
+  trained side by side keep logs apart; a process writes to a local file."""
+  if '://' not in model_dir:
+    return model_dir
+  return os.path.join('runs', 'logs', model_dir.split('://', 1)[1].strip('/'))
 
 
 def jobs(model_dir: str, train_args, refresh_args,

@@ -6,13 +6,22 @@ multi-device meshes; unsharded code still runs on device 0.
 """
 
 import os
+import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
-# `ask`, `fill` and `search` run in this process leave JAX's compilation
-# cache off for the tests after them (test_main turns it on in a child).
-os.environ.setdefault('REALM_JAX_CACHE', 'off')
+# One compilation cache for the whole session, empty at its start: the
+# pytest-xdist workers (started by this process, they inherit its
+# environment) and every `realm-jax` process a test starts compile each
+# tiny program once between them, as a user's runs do. Removed at the end.
+# A test of the cache itself names its own directory (test_main).
+if 'REALM_JAX_CACHE' not in os.environ:
+  os.environ['REALM_JAX_CACHE'] = tempfile.mkdtemp(prefix='realm-jax-tests-xla-')
+  SESSION_CACHE = os.environ['REALM_JAX_CACHE']
+else:
+  SESSION_CACHE = None  # A worker's, or one the caller chose: not ours.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import shutil
 import signal
 
 import gin
@@ -20,7 +29,7 @@ import pytest
 from etils import epath
 from etils.epath import backend, gpath, register
 
-from realm_jax import default_files
+from realm_jax import default_files, main
 from realm_jax.models.bert import BertConfig
 from tests.helpers import (RETRIEVAL, build_leads_corpus, train_tiny,
                            zebra_data)
@@ -31,6 +40,17 @@ TIERS = ('unit', 'integration')
 # raises no KeyboardInterrupt).
 FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler,
                   signal.SIGTERM: signal.SIG_DFL}
+
+
+def pytest_configure(config):
+  del config
+  main.use_compilation_cache()  # This process's compiles too.
+
+
+def pytest_unconfigure(config):
+  del config
+  if SESSION_CACHE:
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

@@ -150,8 +150,11 @@ def _loss(config, inputs):
 
 def test_scanned_layers_compute_what_the_unrolled_loop_does(tiny_config):
   """Stacking the unrolled layers' parameters on axis 0 gives the scanned
-  model's: the same outputs and (stacked) gradients, float32, no dropout."""
-  config = dataclasses.replace(tiny_config, num_layers=3, add_pooler=True)
+  model's: the same outputs and (stacked) gradients, float32, no dropout;
+  and so does the scan unrolled whole (`scan_unroll`), which compiles no
+  loop."""
+  config = dataclasses.replace(tiny_config, num_layers=3, add_pooler=True,
+                               attention_chunk=0)
   unrolled = dataclasses.replace(config, scan_layers=False)
   inputs = _inputs(config)
   params = nn.meta.unbox(_init(unrolled, inputs))['params']
@@ -175,6 +178,20 @@ def test_scanned_layers_compute_what_the_unrolled_loop_does(tiny_config):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
                                                         atol=1e-5),
                scanned_grad, bert.stack_layers(grad))
+  # The scan unrolled whole: the stacked layout, and no loop.
+  whole = dataclasses.replace(config, scan_unroll=config.num_layers)
+  whole_value, whole_grad, _ = _loss(whole, inputs)(stacked)
+  np.testing.assert_allclose(whole_value, scanned_value, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                        atol=1e-5),
+               whole_grad, scanned_grad)
+  for looped, loops in ((config, True), (whole, False)):
+    hlo = jax.jit(lambda p, c=looped: Bert(c).apply(
+        {'params': p}, *inputs).sequence_output).lower(stacked).as_text()
+    assert ('while' in hlo) == loops, looped.scan_unroll
+  for bad in (0, True, 1.5):
+    with pytest.raises(ValueError, match='scan_unroll'):
+      dataclasses.replace(config, scan_unroll=bad)
   # And back: the inverse gives the unrolled tree itself.
   jax.tree.map(np.testing.assert_array_equal, bert.unstack_layers(stacked),
                params)

@@ -150,3 +150,7 @@ def test_arrays_of_a_changed_corpus_are_refused(small_corpus_env, tmp_path):
                      match=f'corpus_fingerprint f00, but this run reads '
                      f'{written["corpus_fingerprint"]}'):
     ArraysSource(str(tmp_path)).batches(task, 'train', ICT_SHAPES, 4)
+  # Their count is the export's: a run scored after its corpus was edited
+  # (the world's edit check) still says how many queries an epoch held.
+  assert ArraysSource(str(tmp_path)).example_count(
+      task, 'train', ICT_SHAPES) == written['count'] > 0

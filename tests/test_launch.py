@@ -332,10 +332,14 @@ def test_local_jobs_share_the_model_dir():
                         '--poll_seconds=1'), '/m/refresh.log')
   trainer, _ = launch_local.jobs('/m', [], [], train_log=True)
   assert trainer.log == '/m/train.log'
-  # A remote model_dir: the logs stay on this machine.
-  trainer, builder = launch_local.jobs('gs://b/m', [], [], train_log=True)
-  assert (trainer.log, builder.log) == ('runs/logs/train.log',
-                                        'runs/logs/refresh.log')
+  # A remote model_dir: the logs stay on this machine, a run's apart from
+  # another's (a preset trains some side by side).
+  trainer, builder = launch_local.jobs('gs://b/m/realm', [], [],
+                                       train_log=True)
+  assert (trainer.log, builder.log) == ('runs/logs/b/m/realm/train.log',
+                                        'runs/logs/b/m/realm/refresh.log')
+  assert launch_local.jobs('gs://b/m/stale/', [], [])[1].log == (
+      'runs/logs/b/m/stale/refresh.log')
 
 
 def test_local_command_line():

@@ -51,7 +51,11 @@ def places(finetuned_run, trained_pretraining, small_corpus, tmp_path,
   (tmp_path / 'file.txt').write_text('a file\n')
   (tmp_path / 'notes.txt').write_text('just some notes\n')
   (tmp_path / 'empty').mkdir()
-  return {'finetune': finetune, 'pretrain': trained_pretraining,
+  # A run that wrote its config and no checkpoint yet.
+  unstarted = tmp_path / 'unstarted'
+  unstarted.mkdir()
+  shutil.copy(os.path.join(trained_pretraining, 'config.gin'), unstarted)
+  return {'unstarted': str(unstarted), 'finetune': finetune, 'pretrain': trained_pretraining,
           'small_corpus': small_corpus, 'missing': str(tmp_path / 'missing'),
           'file': str(tmp_path / 'file.txt'),
           'notes': str(tmp_path / 'notes.txt'),
@@ -78,8 +82,10 @@ BAD_INVOCATIONS = [
     (['data', 'build-corpus', '--jsonl={missing}', '--output_dir={tmp}/c'],
      'No JSONL file of articles {missing}'),
     (['data', 'annotate', '--corpus_dir={missing}'], 'No corpus at {missing}'),
-    (['embed', '--model_dir={empty}', '--gin_file=gin/models/tiny.gin'],
-     'No trainer checkpoint in {empty}'),
+    (['embed', '--model_dir={empty}'],
+     '{empty} is not a realm-jax training run'),
+    (['embed', '--model_dir={unstarted}'],
+     'No trainer checkpoint in {unstarted}', 'small_corpus'),
     (['embed', '--gin_file=gin/models/nope.gin'], 'nope.gin'),
     (['train', '--model_dir={tmp}/t', '--gin_file=gin/runs/nope.gin'],
      'nope.gin'),

@@ -379,7 +379,7 @@ def thousand_leads(tmp_path_factory, tokenizer):
                             1000, validation_per_mille=100)
 
 
-def _short_minilm_pretraining(model_dir, corpus, *flags):
+def _short_minilm_pretraining(model_dir, corpus):
   """60 steps of REALM pre-training on the embedded default (MiniLM
   everywhere, cut to its first 2 layers as the demo cuts it); step -> its
   held-out evaluation."""
@@ -394,7 +394,7 @@ def _short_minilm_pretraining(model_dir, corpus, *flags):
        '--gin.bert_adamw.learning_rate=1e-4',
        '--gin.Pretrain.num_candidates=3', '--gin.build_realm.reader_length=128',
        '--gin.BertConfig.num_layers=2',
-       '--gin.load_bert_params.keep_first_layers=True', *flags],
+       '--gin.load_bert_params.keep_first_layers=True'],
       cwd=REPO, env=env, check=True, capture_output=True)
   rows = _metrics(model_dir)
   return {step: {k[len('eval/'):]: v for k, v in rows[step].items()
@@ -406,33 +406,27 @@ def test_short_minilm_pretraining_moves_the_retriever_and_the_reader(
     tmp_path, thousand_leads):
   """The masked-LM loss reaches both sides of REALM on the embedded default:
   the reader's held-out accuracy rises, and p(z|x) sharpens over the
-  retrieved blocks where its control, the same run with the retriever
-  frozen (same seed), keeps the entropy of its start.
+  retrieved blocks from its start.
 
-  One run on 2026-11-26 (2 AMD EPYC cores): accuracy 0.000 -> 0.065 (the
-  control the same), retrieval entropy 0.535 -> 0.265 (the control 0.535
-  -> 0.535). At this size retrieval does not help the reader yet:
-  retrieval_utility fell from +0.017 to -0.015 nats (the control's to
-  -0.010), so the test asks that the retriever learns, not that it helps
-  (the world's test shows that, tests/test_world.py). It fails with the
-  retriever frozen (no fall of the entropy) and with the candidates
-  shuffled against their queries in training and evaluation (0.139 ->
-  0.122: a fall of 0.017).
+  One run on 2026-11-26 (2 AMD EPYC cores): accuracy 0.000 -> 0.065,
+  retrieval entropy 0.535 -> 0.265; its control then, the same run with
+  the retriever frozen (same seed), kept the entropy of its start (0.535
+  -> 0.535) and reached the same accuracy. At this size retrieval does not
+  help the reader yet: retrieval_utility fell from +0.017 to -0.015 nats
+  (the control's to -0.010), so the test asks that the retriever learns,
+  not that it helps (the world's test shows that, tests/test_world.py). It
+  fails with the retriever frozen (no fall of the entropy) and with the
+  candidates shuffled against their queries in training and evaluation
+  (0.139 -> 0.122: a fall of 0.017). The frozen control is no longer run
+  here (it doubled the test's time): the start is that control's every
+  step, and a frozen retriever keeping its start is
+  `test_a_frozen_retriever_keeps_its_start_and_costs_no_backward_pass`.
   """
-  runs = {name: _short_minilm_pretraining(str(tmp_path / name),
-                                          thousand_leads, *flags)
-          for name, flags in (
-              ('realm', ()),
-              ('frozen', ('--gin.bert_adamw.retriever_frozen_steps=1000',)))}
-  start, end = runs['realm'][0], runs['realm'][60]
-  control = runs['frozen']
+  runs = _short_minilm_pretraining(str(tmp_path / 'realm'), thousand_leads)
+  start, end = runs[0], runs[60]
   assert end['masked_token_accuracy'] > start['masked_token_accuracy'] + 0.03
-  assert control[60]['retrieval_entropy'] == pytest.approx(
-      control[0]['retrieval_entropy'], abs=0.01), control
   assert end['retrieval_entropy'] < start['retrieval_entropy'] - 0.1, (
       start, end)
-  assert (end['retrieval_entropy'] <
-          control[60]['retrieval_entropy'] - 0.1), (end, control)
 
 
 @pytest.mark.parametrize('setup', ['cpu_demo', 'gpu', 'tpu_v4',

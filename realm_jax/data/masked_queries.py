@@ -108,6 +108,13 @@ def random_span_query(tokens: np.ndarray, rng: np.random.Generator,
   return np.where(covered, mask_id, tokens), positions, tokens[positions]
 
 
+def queries_an_epoch(span_metadata: dict, masking: str) -> int:
+  """An epoch's queries over spans of that metadata: one a salient span,
+  else one a block."""
+  salient = masking in ('salient', task_names.EVERY_SPAN)
+  return span_metadata['spans' if salient else 'blocks']
+
+
 class Draws:
   """The queries of one masking (`task_names.MASKINGS`, or EVERY_SPAN) over
   one split's spans: `count` of them an epoch, `rows` drawn at stream
@@ -120,7 +127,7 @@ class Draws:
                              f'{task_names.MASKINGS}.')
     self.spans, self.masking = spans, masking
     self.salient = masking in ('salient', task_names.EVERY_SPAN)
-    self.count = spans.num_spans if self.salient else spans.num_blocks
+    self.count = queries_an_epoch(spans.metadata, masking)
     self.cls_id, self.sep_id = tokenizer.cls_id, tokenizer.sep_id
     self.mask_id = tokenizer.mask_id
     self.random_ids = (tokenizer.first_regular_id, tokenizer.vocab_size)

@@ -81,6 +81,10 @@ class BertConfig:
     scan_layers: run the layers under `nn.scan`, their parameters stacked
       under 'layers' (one compiled layer body); False: a Python loop over
       `layer_0` ... `layer_{L-1}` (one compiled copy per layer).
+    scan_unroll: layers per trip of the scan's loop (`unroll` of `nn.scan`);
+      num_layers runs no loop at all yet keeps the stacked layout: on GPUs
+      the loop's carried and stacked buffers cost copies every trip
+      (docs/benchmarks.md), at the price of compiling every layer.
     add_pooler: add BERT's tanh pooler over [CLS] (the released REALM towers
       project its output; our own towers project the raw [CLS]).
     hidden_act: 'gelu' (exact, erf) or 'gelu_new' (the tanh approximation of
@@ -106,6 +110,7 @@ class BertConfig:
   param_dtype: Any = 'float32'
   remat: str = 'none'
   scan_layers: bool = True
+  scan_unroll: int = 1
   add_pooler: bool = False
   hidden_act: str = 'gelu'
   attention_chunk: int | None = None
@@ -119,6 +124,10 @@ class BertConfig:
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f'BertConfig.remat={self.remat!r}; expected one of '
                        f'{tuple(REMAT_POLICIES)}.')
+    if isinstance(self.scan_unroll, bool) or not (
+        isinstance(self.scan_unroll, int) and self.scan_unroll >= 1):
+      raise ValueError(f'BertConfig.scan_unroll={self.scan_unroll!r}; '
+                       'expected a whole number of layers, at least 1.')
     if self.hidden_act not in ACTIVATIONS:
       raise ValueError(f'BertConfig.hidden_act={self.hidden_act!r}; expected '
                        f'one of {tuple(ACTIVATIONS)}.')
@@ -324,6 +333,7 @@ class Bert(nn.Module):
           variable_axes={'params': 0},
           split_rngs={'params': True, 'dropout': True},
           in_axes=(nn.broadcast, nn.broadcast), length=c.num_layers,
+          unroll=c.scan_unroll,
           metadata_params={nn.PARTITION_NAME: LAYERS})(c)
     else:
       layer = _rematted(TransformerLayer, c, scanned=False)
