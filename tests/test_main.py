@@ -55,8 +55,8 @@ def places(finetuned_run, trained_pretraining, small_corpus, tmp_path,
   unstarted = tmp_path / 'unstarted'
   unstarted.mkdir()
   shutil.copy(os.path.join(trained_pretraining, 'config.gin'), unstarted)
-  return {'unstarted': str(unstarted), 'finetune': finetune, 'pretrain': trained_pretraining,
-          'small_corpus': small_corpus, 'missing': str(tmp_path / 'missing'),
+  return {'finetune': finetune, 'pretrain': trained_pretraining,
+          'unstarted': str(unstarted), 'small_corpus': small_corpus, 'missing': str(tmp_path / 'missing'),
           'file': str(tmp_path / 'file.txt'),
           'notes': str(tmp_path / 'notes.txt'),
           'empty': str(tmp_path / 'empty'), 'tmp': str(tmp_path)}

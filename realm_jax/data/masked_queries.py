@@ -108,11 +108,13 @@ def random_span_query(tokens: np.ndarray, rng: np.random.Generator,
   return np.where(covered, mask_id, tokens), positions, tokens[positions]
 
 
+# The maskings that draw one query a salient span (the others, one a block).
+SALIENT = ('salient', task_names.EVERY_SPAN)
+
+
 def queries_an_epoch(span_metadata: dict, masking: str) -> int:
-  """An epoch's queries over spans of that metadata: one a salient span,
-  else one a block."""
-  salient = masking in ('salient', task_names.EVERY_SPAN)
-  return span_metadata['spans' if salient else 'blocks']
+  """An epoch's queries over spans of that metadata."""
+  return span_metadata['spans' if masking in SALIENT else 'blocks']
 
 
 class Draws:
@@ -126,7 +128,7 @@ class Draws:
       raise errors.BadConfig(f'masking={masking!r}; expected one of '
                              f'{task_names.MASKINGS}.')
     self.spans, self.masking = spans, masking
-    self.salient = masking in ('salient', task_names.EVERY_SPAN)
+    self.salient = masking in SALIENT
     self.count = queries_an_epoch(spans.metadata, masking)
     self.cls_id, self.sep_id = tokenizer.cls_id, tokenizer.sep_id
     self.mask_id = tokenizer.mask_id
