@@ -258,10 +258,11 @@ SWEEP_QUICK_ROWS = 50_000
 def sweep_selections(platform: str, quick: bool = False) -> list:
   """The selections `sweep` times on `platform`, the likeliest first (a
   sweep cut short by its time budget keeps the ones that matter): the
-  platform's default, bigger chunks (fewer kernel launches; [512 x chunk]
-  float32 scores: 2 GB at 1M rows), group sizes, the one-pass `top_k`,
-  small chunks (their scores fit in the L2 cache), unrolled scans, the
-  previous defaults and `approx_max_k`."""
+  platform's default, on accelerators the group maxima in one kernel
+  ('fused': the scores never written), bigger chunks (fewer kernel
+  launches; [512 x chunk] float32 scores: 2 GB at 1M rows), group sizes,
+  the one-pass `top_k`, small chunks (their scores fit in the L2 cache),
+  unrolled scans, the previous defaults and `approx_max_k`."""
   from realm_jax.index.exact import Selection, selection_for  # pylint: disable=g-import-not-at-top
   default = selection_for(platform)
   if quick:
@@ -277,6 +278,8 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
             Selection(65536, 'approx_max_k')]
   else:
     grid = [default,
+            *(Selection(1 << 24, 'fused', g) for g in (256, 128, 512)),
+            Selection(1 << 20, 'fused', 256),
             Selection(1 << 20, 'two_stage', 128),
             Selection(1 << 19, 'two_stage', 128),
             Selection(1 << 21, 'two_stage', 128),
@@ -364,8 +367,9 @@ def sweep(num_rows: int, dim: int = 128, queries: int = BATCH, k: int = K,
   for selection, program in runs:
     row = {**base, 'program': program, 'method': selection.method,
            'chunk_size': selection.chunk_size,
-           'group': selection.group if selection.method == 'two_stage'
-                    else '', 'unroll': selection.unroll}
+           'group': selection.group
+                    if selection.method in ('two_stage', 'fused') else '',
+           'unroll': selection.unroll}
     if budget_s is not None and (time.perf_counter() - began + needed
                                  > budget_s):
       rows.append({**row, 'skipped': f'time budget of {budget_s:.0f} s '

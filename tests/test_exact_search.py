@@ -75,6 +75,9 @@ def test_sharded_search_with_ties_and_exclusions(num_devices, ties, method):
     Selection(20_000, 'two_stage', group=96),  # One chunk of all 10,000.
     Selection(4096, 'top_k'),
     Selection(4096, 'approx_max_k', recall_target=0.9),
+    Selection(4096, 'fused', group=128),
+    Selection(5000, 'fused', group=128),  # A last partial group.
+    Selection(20_000, 'fused', group=96),  # One chunk of all 10,000.
 ], ids=str)
 @pytest.mark.parametrize('ties', [False, True])
 def test_large_chunks_are_exact_for_every_selection(ties, selection):
@@ -96,6 +99,24 @@ def test_large_chunks_are_exact_for_every_selection(ties, selection):
                                                  truth_excluded)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
+@pytest.mark.parametrize('selection', [
+    Selection(16384, 'two_stage', group=64),  # One chunk: no other chunk's
+    Selection(16384, 'fused', group=64),      # top k makes up for it.
+], ids=str)
+def test_excluding_each_querys_best_rows_keeps_the_search_exact(selection):
+  """REALM excludes a query's own block, which is usually its best row.
+  'fused' takes its group maxima before the exclusions, so an excluded row
+  can be its group's maximum: the next best rows must still be found."""
+  queries, docs = _data(10_000, seed=6)
+  searcher = ExactSearcher(docs, devices=jax.devices()[:1],
+                           selection=selection)
+  best = _brute_force(queries, docs, 5)[1]
+  scores, ids = searcher.search(queries, 8, best)
+  expected_scores, expected_ids = _brute_force(queries, docs, 8, best)
+  np.testing.assert_array_equal(ids, expected_ids)
+  np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
 
 def test_every_platform_has_a_default_and_only_tpus_approximate():
@@ -125,18 +146,19 @@ def test_every_platform_has_a_default_and_only_tpus_approximate():
 def test_the_default_follows_the_target_and_the_devices(monkeypatch):
   """exact_search takes the platform the program is traced for; the
   searcher, its devices'. On this CPU: the CPU's; traced for a TPU: the
-  approximate top-k."""
+  approximate top-k, and the TPU's kernels ('fused')."""
   assert ExactSearcher(np.ones((4, 2), np.float32)).selection == (
       selection_for('cpu'))
   picked = []
   search = exact._exact_search
   monkeypatch.setattr(exact, '_exact_search', lambda *args: (
-      picked.append(args[-1]), search(*args))[1])
+      picked.append(args[-2:]), search(*args))[1])
   queries, docs = _data(100)
   exact_search(queries, docs, k=4)
   with target.compiling_for('tpu'):
     _, ids = exact_search(queries, docs, k=4)
-  assert picked == [selection_for('cpu'), selection_for('tpu')]
+  assert picked == [(selection_for('cpu'), 'cpu'),
+                    (selection_for('tpu'), 'tpu')]
   np.testing.assert_array_equal(ids, _brute_force(queries, docs, 4)[1])
 
 

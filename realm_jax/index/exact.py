@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from realm_jax.index.group_maxima import group_maxima
 from realm_jax.models import target
 
 AXIS = 'index'
@@ -32,8 +33,12 @@ AXIS = 'index'
 #   'approx_max_k': `lax.approx_max_k` at `recall_target`: approximate on
 #     TPUs, which have a kernel for it. Elsewhere XLA computes it exactly by
 #     sorting, which is slow (73.5 ms against 24.7 for 'two_stage' over
-#     13.35M rows on an H200), so the defaults pick it on TPUs only.
-METHODS = ('two_stage', 'top_k', 'approx_max_k')
+#     13.35M rows on an H200), so the defaults pick it on TPUs only;
+#   'fused': the two stages, the group maxima computed by one kernel that
+#     never writes the scores (realm_jax.index.group_maxima; the XLA form
+#     on CPUs), the best groups' rows then scored again (exact, the queries
+#     rounded to the rows' dtype first).
+METHODS = ('two_stage', 'top_k', 'approx_max_k', 'fused')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +153,8 @@ def _chunk_top_k(scores, k: int, selection: Selection, valid):
   """(values, positions) [Q, k] of [Q, n] scores where `valid` (see
   `_two_stage_top_k`) holds, -inf elsewhere, by `selection.method`."""
   n = scores.shape[1]
-  if selection.method == 'two_stage' and n >= 4 * k * selection.group:
+  if selection.method in ('two_stage', 'fused') and \
+      n >= 4 * k * selection.group:
     return _two_stage_top_k(scores, k, selection.group, valid)
   scores = jnp.where(valid(), scores, -jnp.inf)
   if selection.method == 'approx_max_k':
@@ -157,10 +163,36 @@ def _chunk_top_k(scores, k: int, selection: Selection, valid):
   return jax.lax.top_k(scores, k)
 
 
+def _fused_top_k(queries, chunk, usable, valid, k: int, excluded: int,
+                 group: int, platform: str):
+  """`_two_stage_top_k` of queries . chunk, its first stage one kernel
+  (`group_maxima`) over the rows that are `usable` [n] (live, real ids).
+
+  The per-query exclusions are not in the kernel's maxima: each excluded
+  id can lift one group's maximum above the group's best valid score, so
+  the k + `excluded` best groups hold the top k. Their rows are scored
+  again with the same rounding of the queries (the kernel's float32 sums
+  may differ from these in the last bit, which could only matter where a
+  group's maximum ties the last group taken).
+  """
+  queries = queries.astype(chunk.dtype)
+  maxima = group_maxima(queries, chunk, jnp.where(usable, 0.0, -jnp.inf),
+                        group, platform)
+  _, best = jax.lax.top_k(maxima, k + excluded)
+  best = jnp.sort(best, axis=1)  # Id order: ties go to the lower id.
+  positions = (best[:, :, None] * group + jnp.arange(group, dtype=jnp.int32)
+               ).reshape(queries.shape[0], -1)
+  scores = jnp.einsum('qd,qmd->qm', queries, jnp.take(chunk, positions, axis=0),
+                      preferred_element_type=jnp.float32)
+  values, pick = jax.lax.top_k(jnp.where(valid(positions), scores, -jnp.inf),
+                               k)
+  return values, jnp.take_along_axis(positions, pick, axis=1)
+
+
 def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
-                   k: int, selection: Selection):
+                   k: int, selection: Selection, platform: str):
   """Running top-k over `rows` (ids first_id...) whose `live` [N] is True,
-  chunk by chunk.
+  chunk by chunk, on `platform` ('fused' picks its kernel by it).
 
   The whole chunks are sliced from `rows` in place, and the rows after the
   last whole chunk are scored as shorter chunks: the rows are never padded
@@ -170,17 +202,17 @@ def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
   a one-pass top-k.
   """
   num_rows = rows.shape[0]
-  group = selection.group if selection.method == 'two_stage' else 1
+  group = selection.group if selection.method in ('two_stage', 'fused') \
+      else 1
   chunk_size = min(selection.chunk_size, num_rows)
   if chunk_size == num_rows and num_rows > group:
     chunk_size -= num_rows % group
   whole, tail = divmod(num_rows, chunk_size)
+  excluded = exclude_ids.shape[1]
 
   def score(best, start, size):
     chunk = jax.lax.dynamic_slice_in_dim(rows, start, size)
     chunk_live = jax.lax.dynamic_slice_in_dim(live, start, size)
-    scores = jnp.einsum('qd,nd->qn', queries, chunk,
-                        preferred_element_type=jnp.float32)
 
     def valid(positions=None):
       """[Q or 1, m] positions in the chunk (None: all, in order) -> bool."""
@@ -194,7 +226,15 @@ def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
       return live_there & (ids < num_docs) & ~jnp.any(
           ids[..., None] == exclude_ids[:, None, :], axis=-1)
 
-    scores, top = _chunk_top_k(scores, min(k, size), selection, valid)
+    if (selection.method == 'fused' and size % group == 0
+        and size // group >= 4 * (k + excluded)):
+      usable = chunk_live & (first_id + start + jnp.arange(size) < num_docs)
+      scores, top = _fused_top_k(queries, chunk, usable, valid,
+                                 min(k, size), excluded, group, platform)
+    else:
+      scores = jnp.einsum('qd,nd->qn', queries, chunk,
+                          preferred_element_type=jnp.float32)
+      scores, top = _chunk_top_k(scores, min(k, size), selection, valid)
     # Earlier (lower-id) candidates come first, so top_k keeps them on ties.
     all_scores = jnp.concatenate([best[0], scores], axis=1)
     all_ids = jnp.concatenate([best[1], first_id + start + top], axis=1)
@@ -215,12 +255,13 @@ def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
   return best
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'selection'))
+@functools.partial(jax.jit,
+                   static_argnames=('k', 'selection', 'platform'))
 def _exact_search(queries, embeddings, exclude_ids, k: int,
-                  selection: Selection):
+                  selection: Selection, platform: str):
   num_docs = embeddings.shape[0]
   return _top_k_of_rows(queries, embeddings, jnp.ones(num_docs, bool), 0,
-                        num_docs, exclude_ids, k, selection)
+                        num_docs, exclude_ids, k, selection, platform)
 
 
 def exact_search(queries, embeddings, k: int, exclude_ids=None,
@@ -235,13 +276,13 @@ def exact_search(queries, embeddings, k: int, exclude_ids=None,
   num_docs = embeddings.shape[0]
   if not 0 < k <= num_docs:
     raise ValueError(f'k={k} must be in [1, {num_docs}] (the document count).')
-  selection = _resolve(selection, target.target_platform(),
-                       chunk_size=chunk_size, method=method, group=group,
-                       recall_target=recall_target)
+  platform = target.target_platform()
+  selection = _resolve(selection, platform, chunk_size=chunk_size,
+                       method=method, group=group, recall_target=recall_target)
   if exclude_ids is None:
     exclude_ids = jnp.full((queries.shape[0], 1), -1, jnp.int32)
   return _exact_search(queries, embeddings, jnp.asarray(exclude_ids, jnp.int32),
-                       k, selection)
+                       k, selection, platform)
 
 
 def index_mesh(devices) -> jax.sharding.Mesh:
@@ -258,15 +299,15 @@ def sharded_top_k(mesh, num_docs: int, k: int, chunk_size: int | None = None,
   exclude_ids [Q, E]) -> (scores, ids) [Q, k]: every device's running top-k,
   gathered, merged. The selection (`selection`, or its fields) defaults to
   that of the mesh's platform (DEFAULT_SELECTION)."""
-  selection = _resolve(selection, target.platform_of(mesh.devices),
-                       chunk_size=chunk_size, method=method, group=group,
-                       recall_target=recall_target)
+  platform = target.platform_of(mesh.devices)
+  selection = _resolve(selection, platform, chunk_size=chunk_size,
+                       method=method, group=group, recall_target=recall_target)
 
   def shard_top_k(queries, rows, live, exclude_ids):
     first_id = jax.lax.axis_index(AXIS) * rows.shape[0]
     scores, ids = _top_k_of_rows(queries, rows, live, first_id, num_docs,
                                  exclude_ids, min(k, rows.shape[0]),
-                                 selection)
+                                 selection, platform)
     # [shards, Q, k] in shard order: lower ids first, for stable ties.
     scores = jax.lax.all_gather(scores, AXIS, axis=1, tiled=True)
     ids = jax.lax.all_gather(ids, AXIS, axis=1, tiled=True)
