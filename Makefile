@@ -47,11 +47,11 @@ world: setup
 # Serial, the suite took 32-35 minutes on 2 cores of an AMD EPYC: its
 # processes kept 1.35 of the 2 cores busy on average.
 test: setup
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tests that are not slow (the tiers: pytest.ini), about 3 minutes.
 test-fast: setup
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	  -m 'unit and not slow' $(PYTEST_ARGS)
 
 # The chaos harness: 200 faults of both jobs, checked against an undisturbed

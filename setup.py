@@ -58,7 +58,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['realm_jax', 'realm_jax.*']),
     install_requires=INSTALL_REQUIRES,
     extras_require={'tf': TF,
-                    'test': ['pytest>=8', 'pytest-xdist>=3.5',
+                    'test': ['pytest>=8', 'pytest-xdist>=3.6',
                              'hypothesis>=6.100', *BENCH,
                              # The export's parts, loaded as users load them.
                              'sentence-transformers==6.2.0'],

@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded MiniLM weights and vocab, a tiny BERT, a
-small corpus; the global state each test restores; and the tier check.
+small corpus; the global state each test restores; the tier check; and the
+order of the test modules, the longest first.
 
 Eight CPU devices are faked before JAX starts, so sharding tests can build
 multi-device meshes; unsharded code still runs on device 0.
@@ -21,6 +22,9 @@ else:
   SESSION_CACHE = None  # A worker's, or one the caller chose: not ours.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import collections
+import json
+import math
 import shutil
 import signal
 
@@ -35,11 +39,25 @@ from tests.helpers import (RETRIEVAL, build_leads_corpus, train_tiny,
                            zebra_data)
 
 TIERS = ('unit', 'integration')
+# Each test module's seconds (setup, call and teardown of its tests) in a
+# whole run of the suite, written by `--record-module-seconds`. The modules
+# run longest first: pytest-xdist hands a worker a whole module at a time
+# (`--dist loadfile --no-loadscope-reorder`, in collection order), and a
+# long module started last would keep one worker busy after the other is
+# done. A module not recorded yet goes first.
+MODULE_SECONDS = os.path.join(os.path.dirname(__file__), 'module_seconds.json')
 # The handlers of a fresh `realm-jax` process. The launcher installs its
 # own, and a library loaded in this process may replace them (then Ctrl-C
 # raises no KeyboardInterrupt).
 FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler,
                   signal.SIGTERM: signal.SIG_DFL}
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      '--record-module-seconds', action='store_true',
+      help="write each test module's seconds in this run to "
+      'tests/module_seconds.json (the order of the next runs)')
 
 
 def pytest_configure(config):
@@ -53,9 +71,47 @@ def pytest_unconfigure(config):
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
+# This run's seconds by module: in pytest-xdist's controller, every
+# worker's reports.
+_SECONDS = collections.Counter()
+
+
+def _module(nodeid: str) -> str:
+  return nodeid.split('::')[0]
+
+
+def _recorded() -> dict[str, float]:
+  if not os.path.exists(MODULE_SECONDS):
+    return {}
+  with open(MODULE_SECONDS, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def pytest_runtest_logreport(report):
+  _SECONDS[_module(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """With --record-module-seconds, in the process that ran or scheduled
+  the tests, the modules' seconds kept for the next runs' order."""
+  config = session.config
+  if (not config.getoption('record_module_seconds') or
+      hasattr(config, 'workerinput') or exitstatus != 0):
+    return
+  seconds = {**_recorded(), **{module: round(total, 1)
+                               for module, total in _SECONDS.items()}}
+  with open(MODULE_SECONDS, 'w', encoding='utf-8') as f:
+    json.dump(dict(sorted(seconds.items())), f, indent=1)
+    f.write('\n')
+
+
 def pytest_collection_modifyitems(items):
-  """Fails the run unless each test has exactly one tier marker, so that
-  `-m unit` and `-m integration` split the suite between them."""
+  """Orders the modules longest first (MODULE_SECONDS; each module's tests
+  keep their order), and fails the run unless each test has exactly one
+  tier marker, so that `-m unit` and `-m integration` split the suite
+  between them."""
+  seconds = _recorded()
+  items.sort(key=lambda item: -seconds.get(_module(item.nodeid), math.inf))
   wrong = []
   for item in items:
     tiers = sorted({marker.name for marker in item.iter_markers()} &

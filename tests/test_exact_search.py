@@ -169,7 +169,7 @@ def test_the_rows_are_never_padded_or_copied():
   queries, docs = _data(1000)
   jaxpr = jax.make_jaxpr(
       lambda q, d: exact._exact_search(
-          q, d, jnp.full((9, 1), -1, jnp.int32), 8, Selection(96)))(
+          q, d, jnp.full((9, 1), -1, jnp.int32), 8, Selection(96), 'cpu'))(
               queries, docs)
   shapes = []
 

@@ -171,11 +171,10 @@ def _fused_top_k(queries, chunk, usable, valid, k: int, excluded: int,
   The per-query exclusions are not in the kernel's maxima: each excluded
   id can lift one group's maximum above the group's best valid score, so
   the k + `excluded` best groups hold the top k. Their rows are scored
-  again with the same rounding of the queries (the kernel's float32 sums
-  may differ from these in the last bit, which could only matter where a
-  group's maximum ties the last group taken).
+  again (the kernel's float32 sums may differ from these in the last bit,
+  which could only matter where a group's maximum ties the last group
+  taken).
   """
-  queries = queries.astype(chunk.dtype)
   maxima = group_maxima(queries, chunk, jnp.where(usable, 0.0, -jnp.inf),
                         group, platform)
   _, best = jax.lax.top_k(maxima, k + excluded)
@@ -209,6 +208,8 @@ def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
     chunk_size -= num_rows % group
   whole, tail = divmod(num_rows, chunk_size)
   excluded = exclude_ids.shape[1]
+  if selection.method == 'fused':  # Every chunk's scores of the same queries.
+    queries = queries.astype(rows.dtype)
 
   def score(best, start, size):
     chunk = jax.lax.dynamic_slice_in_dim(rows, start, size)
