@@ -75,9 +75,8 @@ def test_sharded_search_with_ties_and_exclusions(num_devices, ties, method):
     Selection(20_000, 'two_stage', group=96),  # One chunk of all 10,000.
     Selection(4096, 'top_k'),
     Selection(4096, 'approx_max_k', recall_target=0.9),
-    Selection(4096, 'fused', group=128),
-    Selection(5000, 'fused', group=128),  # A last partial group.
-    Selection(20_000, 'fused', group=96),  # One chunk of all 10,000.
+    Selection(method='fused', group=128),  # 78 groups, then 16 rows.
+    Selection(method='fused', group=80),  # Whole groups only.
 ], ids=str)
 @pytest.mark.parametrize('ties', [False, True])
 def test_large_chunks_are_exact_for_every_selection(ties, selection):
@@ -103,7 +102,7 @@ def test_large_chunks_are_exact_for_every_selection(ties, selection):
 
 @pytest.mark.parametrize('selection', [
     Selection(16384, 'two_stage', group=64),  # One chunk: no other chunk's
-    Selection(16384, 'fused', group=64),      # top k makes up for it.
+    Selection(method='fused', group=64),      # top k makes up for it.
 ], ids=str)
 def test_excluding_each_querys_best_rows_keeps_the_search_exact(selection):
   """REALM excludes a query's own block, which is usually its best row.

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from realm_jax.index.group_maxima import group_maxima
+from realm_jax.index.group_maxima import group_maxima, precision_for
 from realm_jax.models import target
 
 AXIS = 'index'
@@ -34,10 +34,11 @@ AXIS = 'index'
 #     TPUs, which have a kernel for it. Elsewhere XLA computes it exactly by
 #     sorting, which is slow (73.5 ms against 24.7 for 'two_stage' over
 #     13.35M rows on an H200), so the defaults pick it on TPUs only;
-#   'fused': the two stages, the group maxima computed by one kernel that
-#     never writes the scores (realm_jax.index.group_maxima; the XLA form
-#     on CPUs), the best groups' rows then scored again (exact, the queries
-#     rounded to the rows' dtype first).
+#   'fused': the two stages over the whole table at once (no chunks), the
+#     group maxima from one kernel that never writes the scores
+#     (realm_jax.index.group_maxima; the XLA form on CPUs and for groups
+#     the kernels do not take), the best groups' rows then scored again
+#     (exact; the queries rounded to the rows' dtype first).
 METHODS = ('two_stage', 'top_k', 'approx_max_k', 'fused')
 
 
@@ -45,9 +46,10 @@ METHODS = ('two_stage', 'top_k', 'approx_max_k', 'fused')
 class Selection:
   """How the rows are scanned: `chunk_size` rows scored at a time per device
   ([queries x chunk_size] float32 scores live at once), and how each
-  chunk's top-k is chosen (`method`, one of METHODS; `group`: scores per
-  group of 'two_stage'; `recall_target`: 'approx_max_k''s); `unroll`:
-  chunks per iteration of the scan."""
+  chunk's top-k is chosen (`method`, one of METHODS; `group`: rows per
+  group of 'two_stage' and 'fused'; `recall_target`: 'approx_max_k''s);
+  `unroll`: chunks per iteration of the scan. 'fused' has no chunks: it
+  scores the whole table at once without writing the scores."""
   chunk_size: int = 65536
   method: str = 'two_stage'
   group: int = 128
@@ -153,8 +155,7 @@ def _chunk_top_k(scores, k: int, selection: Selection, valid):
   """(values, positions) [Q, k] of [Q, n] scores where `valid` (see
   `_two_stage_top_k`) holds, -inf elsewhere, by `selection.method`."""
   n = scores.shape[1]
-  if selection.method in ('two_stage', 'fused') and \
-      n >= 4 * k * selection.group:
+  if selection.method == 'two_stage' and n >= 4 * k * selection.group:
     return _two_stage_top_k(scores, k, selection.group, valid)
   scores = jnp.where(valid(), scores, -jnp.inf)
   if selection.method == 'approx_max_k':
@@ -163,35 +164,49 @@ def _chunk_top_k(scores, k: int, selection: Selection, valid):
   return jax.lax.top_k(scores, k)
 
 
-def _fused_top_k(queries, chunk, usable, valid, k: int, excluded: int,
-                 group: int, platform: str):
-  """`_two_stage_top_k` of queries . chunk, its first stage one kernel
-  (`group_maxima`) over the rows that are `usable` [n] (live, real ids).
+def _fused_top_k_of_rows(queries, rows, live, first_id, num_docs,
+                         exclude_ids, k: int, group: int, platform: str):
+  """The two-stage top-k over every row at once, its first stage one
+  kernel (`group_maxima`) that reads `rows` in place and keeps the scores
+  on chip: no chunks, so the rows are never sliced.
 
-  The per-query exclusions are not in the kernel's maxima: each excluded
-  id can lift one group's maximum above the group's best valid score, so
-  the k + `excluded` best groups hold the top k. Their rows are scored
-  again (the kernel's float32 sums may differ from these in the last bit,
-  which could only matter where a group's maximum ties the last group
-  taken).
+  The maxima are over the rows that may be returned (live, real ids) but
+  not the per-query exclusions: each excluded id can lift one group's
+  maximum above the group's best valid score, so the k + E best groups
+  (E: exclusions a query) hold the top k. Their rows, and the last
+  partial group's, are scored again at the kernel's precision (its
+  float32 sums may differ from these in the last bits, which can only
+  matter where two groups' maxima are that close at the last group taken).
   """
-  maxima = group_maxima(queries, chunk, jnp.where(usable, 0.0, -jnp.inf),
-                        group, platform)
-  _, best = jax.lax.top_k(maxima, k + excluded)
-  best = jnp.sort(best, axis=1)  # Id order: ties go to the lower id.
-  positions = (best[:, :, None] * group + jnp.arange(group, dtype=jnp.int32)
-               ).reshape(queries.shape[0], -1)
-  scores = jnp.einsum('qd,qmd->qm', queries, jnp.take(chunk, positions, axis=0),
-                      preferred_element_type=jnp.float32)
-  values, pick = jax.lax.top_k(jnp.where(valid(positions), scores, -jnp.inf),
-                               k)
-  return values, jnp.take_along_axis(positions, pick, axis=1)
+  num_rows = rows.shape[0]
+  groups, tail = divmod(num_rows, group)
+  ids = first_id + jnp.arange(num_rows, dtype=jnp.int32)
+  usable = live & (ids < num_docs)
+  positions = [jnp.broadcast_to(
+      jnp.arange(groups * group, num_rows, dtype=jnp.int32),
+      (queries.shape[0], tail))]
+  if groups:
+    maxima = group_maxima(queries, rows, jnp.where(usable, 0.0, -jnp.inf),
+                          group, platform)
+    _, best = jax.lax.top_k(maxima, min(k + exclude_ids.shape[1], groups))
+    best = jnp.sort(best, axis=1)  # Id order: ties go to the lower id.
+    positions.insert(0, (best[:, :, None] * group + jnp.arange(
+        group, dtype=jnp.int32)).reshape(queries.shape[0], -1))
+  positions = jnp.concatenate(positions, axis=1)
+  candidate_ids = first_id + positions
+  valid = jnp.take(usable, positions) & ~jnp.any(
+      candidate_ids[..., None] == exclude_ids[:, None, :], axis=-1)
+  products = jnp.einsum('qd,qmd->qm', queries, jnp.take(rows, positions, axis=0),
+                        preferred_element_type=jnp.float32,
+                        precision=precision_for(rows.dtype))
+  values, pick = jax.lax.top_k(jnp.where(valid, products, -jnp.inf), k)
+  return values, jnp.take_along_axis(candidate_ids, pick, axis=1)
 
 
 def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
                    k: int, selection: Selection, platform: str):
   """Running top-k over `rows` (ids first_id...) whose `live` [N] is True,
-  chunk by chunk, on `platform` ('fused' picks its kernel by it).
+  chunk by chunk ('fused': all at once, by `platform`'s kernel).
 
   The whole chunks are sliced from `rows` in place, and the rows after the
   last whole chunk are scored as shorter chunks: the rows are never padded
@@ -200,16 +215,16 @@ def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
   whole groups: padding the scores to whole groups costs XLA:CPU as much as
   a one-pass top-k.
   """
+  if selection.method == 'fused':
+    return _fused_top_k_of_rows(queries.astype(rows.dtype), rows, live,
+                                first_id, num_docs, exclude_ids, k,
+                                selection.group, platform)
   num_rows = rows.shape[0]
-  group = selection.group if selection.method in ('two_stage', 'fused') \
-      else 1
+  group = selection.group if selection.method == 'two_stage' else 1
   chunk_size = min(selection.chunk_size, num_rows)
   if chunk_size == num_rows and num_rows > group:
     chunk_size -= num_rows % group
   whole, tail = divmod(num_rows, chunk_size)
-  excluded = exclude_ids.shape[1]
-  if selection.method == 'fused':  # Every chunk's scores of the same queries.
-    queries = queries.astype(rows.dtype)
 
   def score(best, start, size):
     chunk = jax.lax.dynamic_slice_in_dim(rows, start, size)
@@ -227,15 +242,9 @@ def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
       return live_there & (ids < num_docs) & ~jnp.any(
           ids[..., None] == exclude_ids[:, None, :], axis=-1)
 
-    if (selection.method == 'fused' and size % group == 0
-        and size // group >= 4 * (k + excluded)):
-      usable = chunk_live & (first_id + start + jnp.arange(size) < num_docs)
-      scores, top = _fused_top_k(queries, chunk, usable, valid,
-                                 min(k, size), excluded, group, platform)
-    else:
-      scores = jnp.einsum('qd,nd->qn', queries, chunk,
-                          preferred_element_type=jnp.float32)
-      scores, top = _chunk_top_k(scores, min(k, size), selection, valid)
+    scores = jnp.einsum('qd,nd->qn', queries, chunk,
+                        preferred_element_type=jnp.float32)
+    scores, top = _chunk_top_k(scores, min(k, size), selection, valid)
     # Earlier (lower-id) candidates come first, so top_k keeps them on ties.
     all_scores = jnp.concatenate([best[0], scores], axis=1)
     all_ids = jnp.concatenate([best[1], first_id + start + top], axis=1)

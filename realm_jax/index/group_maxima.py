@@ -1,23 +1,24 @@
 """The first stage of exact search's two-stage top-k in one kernel: each
 group's highest score per query, without the scores ever reaching memory.
 
-The two-stage top-k (realm_jax.index.exact) needs, of a chunk's
-[queries x rows] float32 scores, only the maxima over groups of `group`
-consecutive rows, then the scores of the few best groups again. Written by
-a matrix product and read back by a reduction, those scores bound the
-search: over 13.35M rows and 512 queries they are 27.3 GB each way, 16.3 ms
-of an H100's memory against 1.77 ms of its compute. Here a Pallas kernel
-scores one group of rows against a block of queries on chip and writes
-only the group's maximum per query: a `group`-th of those bytes.
+The two-stage top-k (realm_jax.index.exact) needs, of the [queries x rows]
+float32 scores, only the maxima over groups of `group` consecutive rows,
+then the scores of the few best groups again. Written by a matrix product
+and read back by a reduction, those scores bound the search: over 13.35M
+rows and 512 queries they are 27.3 GB each way, 16.3 ms of an H100's
+memory against 1.77 ms of its compute. Here a Pallas kernel scores one
+group of rows against a block of queries on chip and writes only the
+group's maximum per query: a `group`-th of those bytes. It reads the rows
+in place, the whole table at once: no chunk of it is sliced or copied.
 
 Kernels, by the platform the program is for:
   - GPU (Triton): a program per group and block of `BLOCK_QUERIES`
-    queries; Triton tiles powers of two, so other dimensions, or groups,
-    take the XLA form. Not yet timed on a GPU (docs/benchmarks.md).
+    queries, for groups Triton takes as one tile (`triton_tiles`).
   - TPU (Mosaic): a program per `TPU_GROUPS_PER_STEP` groups, every query
     at once, for groups of a multiple of 128 rows (Mosaic's tiling of the
     rows' [n] mask); the groups after the last whole step take the XLA form.
-  - CPU: the XLA form (`reference`), which is what the kernels compute.
+  - Otherwise (CPUs, other shapes): the XLA form (`reference`), which is
+    what the kernels compute, a block of groups at a time.
 `interpret`: the kernel in Pallas's interpreter, on any platform (how the
 CPU tests check the kernels against `reference`).
 """
@@ -31,18 +32,59 @@ from jax.experimental import pallas as pl
 # Queries a GPU program scores at once: a [group x 128] float32 block of
 # scores per program stays in registers for groups of up to 256.
 BLOCK_QUERIES = 128
-# Groups a TPU program scores: its output block is then whole sublane rows
-# (8) of every query.
-TPU_GROUPS_PER_STEP = 8
+# Triton's largest group, and the largest tile of rows, one program takes
+# in one product (the rest of its shared memory holds the queries).
+TRITON_MAX_GROUP = 256
+TRITON_MAX_TILE_BYTES = 64 * 1024
+# Groups a TPU program scores: its output block is whole sublane rows of
+# every query, and its rows ([16 x group, dim]) a few MiB of VMEM.
+TPU_GROUPS_PER_STEP = 16
+TPU_LANES = 128
+# Groups the XLA form scores at once: [queries x 512 x group] float32.
+REFERENCE_GROUPS = 512
+
+
+def precision_for(dtype):
+  """float32 rows at full precision: Triton's and XLA:GPU's default takes
+  TF32, whose 1e-3 error would pick other groups than the exact scores."""
+  return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+
+
+def scores(queries, rows):
+  """[Q, n] float32 inner products, at the precision the kernels use."""
+  return jnp.einsum('qd,nd->qn', queries, rows,
+                    preferred_element_type=jnp.float32,
+                    precision=precision_for(rows.dtype))
 
 
 def reference(queries, rows, bias, group: int):
-  """[Q, n / group] float32: per query, the maximum over each group of
-  `group` consecutive rows of queries . row + bias (bias [n]: 0 where a row
-  may be returned, -inf where not). n must be whole groups."""
-  scores = jnp.einsum('qd,nd->qn', queries, rows,
-                      preferred_element_type=jnp.float32) + bias
-  return scores.reshape(queries.shape[0], -1, group).max(axis=-1)
+  """[Q, n // group] float32: per query, the maximum over each whole group
+  of `group` consecutive rows of queries . row + bias (bias [n]: 0 where a
+  row may be returned, -inf where not); the last n % group rows are not
+  read. REFERENCE_GROUPS groups at a time, sliced in place."""
+  groups = rows.shape[0] // group
+  size = REFERENCE_GROUPS * group
+
+  def maxima(rows, bias):
+    return (scores(queries, rows) + bias).reshape(
+        queries.shape[0], -1, group).max(axis=-1)
+
+  def block(start):
+    return maxima(jax.lax.dynamic_slice_in_dim(rows, start, size),
+                  jax.lax.dynamic_slice_in_dim(bias, start, size))
+
+  blocks, rest = divmod(groups, REFERENCE_GROUPS)
+  parts = []
+  if blocks:
+    stacked = jax.lax.map(block, jnp.arange(blocks, dtype=jnp.int32) * size)
+    parts.append(stacked.transpose(1, 0, 2).reshape(queries.shape[0], -1))
+  if rest:
+    start = blocks * size
+    parts.append(maxima(rows[start:groups * group],
+                        bias[start:groups * group]))
+  if not parts:
+    return jnp.zeros((queries.shape[0], 0), jnp.float32)
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
 
 
 def _kernel(queries_ref, rows_ref, bias_ref, out_ref, *, group: int,
@@ -53,33 +95,42 @@ def _kernel(queries_ref, rows_ref, bias_ref, out_ref, *, group: int,
     span = slice(g * group, (g + 1) * group)
     # [group, queries]: the rows on the long axis, so the maximum over a
     # group is over the block's rows and lands as a row of the output.
-    scores = jax.lax.dot_general(rows_ref[span, :], queries,
-                                 (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
-    scores = scores + bias_ref[span][:, None]
-    out_ref[g:g + 1, :] = jnp.max(scores, axis=0, keepdims=True)
+    products = jax.lax.dot_general(
+        rows_ref[span, :], queries, (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=precision_for(rows_ref.dtype))
+    products = products + bias_ref[span][:, None]
+    out_ref[g:g + 1, :] = jnp.max(products, axis=0, keepdims=True)
 
 
-def _power_of_two(n: int) -> bool:
-  return n >= 16 and n & (n - 1) == 0
+def triton_tiles(group: int, dim: int, itemsize: int) -> bool:
+  """Whether a Triton program takes a group of rows as one tile: powers of
+  two from 16, at most TRITON_MAX_GROUP rows and TRITON_MAX_TILE_BYTES."""
+  return (all(n >= 16 and n & (n - 1) == 0 for n in (group, dim))
+          and group <= TRITON_MAX_GROUP
+          and group * dim * itemsize <= TRITON_MAX_TILE_BYTES)
+
+
+def _padded(queries, multiple: int):
+  padding = -queries.shape[0] % multiple
+  return jnp.pad(queries, ((0, padding), (0, 0))) if padding else queries
 
 
 def _gpu_maxima(queries, rows, bias, group: int, interpret: bool):
-  """[n / group, Q]: one Triton program per group and block of queries."""
+  """[n // group, Q]: one Triton program per group and block of queries."""
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas import triton as plgpu
   num_queries, dim = queries.shape
   block = min(BLOCK_QUERIES, max(16, pl.next_power_of_2(num_queries)))
-  padded = pl.cdiv(num_queries, block) * block
-  queries = jnp.pad(queries, ((0, padded - num_queries), (0, 0)))
+  queries = _padded(queries, block)
   groups = rows.shape[0] // group
   # The blocks of queries on the grid's first axis, which CUDA runs
   # fastest: the programs of one group run together and read its rows from
   # memory once, the rest from the L2 cache.
   maxima = pl.pallas_call(
       functools.partial(_kernel, group=group, groups=1),
-      out_shape=jax.ShapeDtypeStruct((groups, padded), jnp.float32),
-      grid=(padded // block, groups),
+      out_shape=jax.ShapeDtypeStruct((groups, queries.shape[0]), jnp.float32),
+      grid=(queries.shape[0] // block, groups),
       in_specs=[pl.BlockSpec((block, dim), lambda q, g: (q, 0)),
                 pl.BlockSpec((group, dim), lambda q, g: (g, 0)),
                 pl.BlockSpec((group,), lambda q, g: (g,))],
@@ -89,43 +140,44 @@ def _gpu_maxima(queries, rows, bias, group: int, interpret: bool):
   return maxima[:, :num_queries]
 
 
-def _tpu_maxima(queries, rows, bias, group: int, interpret: bool):
-  """[n / group, Q]: one Mosaic program per TPU_GROUPS_PER_STEP groups."""
+def _tpu_maxima(queries, rows, bias, group: int, steps: int,
+                interpret: bool):
+  """[steps x TPU_GROUPS_PER_STEP, Q]: one Mosaic program per step, over
+  the first steps x TPU_GROUPS_PER_STEP groups."""
   num_queries, dim = queries.shape
+  queries = _padded(queries, TPU_LANES)
   step = TPU_GROUPS_PER_STEP * group
-  return pl.pallas_call(
+  maxima = pl.pallas_call(
       functools.partial(_kernel, group=group, groups=TPU_GROUPS_PER_STEP),
-      out_shape=jax.ShapeDtypeStruct((rows.shape[0] // group, num_queries),
-                                     jnp.float32),
-      grid=(rows.shape[0] // step,),
-      in_specs=[pl.BlockSpec((num_queries, dim), lambda s: (0, 0)),
+      out_shape=jax.ShapeDtypeStruct(
+          (steps * TPU_GROUPS_PER_STEP, queries.shape[0]), jnp.float32),
+      grid=(steps,),
+      in_specs=[pl.BlockSpec((queries.shape[0], dim), lambda s: (0, 0)),
                 pl.BlockSpec((step, dim), lambda s: (s, 0)),
                 pl.BlockSpec((step,), lambda s: (s,))],
-      out_specs=pl.BlockSpec((TPU_GROUPS_PER_STEP, num_queries),
+      out_specs=pl.BlockSpec((TPU_GROUPS_PER_STEP, queries.shape[0]),
                              lambda s: (s, 0)),
       interpret=interpret, name='group_maxima')(queries, rows, bias)
+  return maxima[:, :num_queries]
 
 
 def group_maxima(queries, rows, bias, group: int, platform: str,
                  interpret: bool = False):
-  """`reference`'s [Q, n / group] float32 maxima, by `platform`'s kernel
-  (see the module's docstring). The queries take the rows' dtype (a
-  float32 query of bfloat16 rows is rounded, as the rows were); the
-  products accumulate in float32, at full precision for float32 rows."""
+  """`reference`'s [Q, n // group] float32 maxima of the whole groups, by
+  `platform`'s kernel where it has one (see the module's docstring). The
+  queries must have the rows' dtype; the products accumulate in float32,
+  at full precision for float32 rows."""
+  if queries.dtype != rows.dtype:
+    raise ValueError(f'queries of {queries.dtype} against rows of '
+                     f'{rows.dtype}: give both the same dtype.')
   num_rows, dim = rows.shape
-  if num_rows % group:
-    raise ValueError(f'{num_rows} rows are not whole groups of {group}.')
-  queries = queries.astype(rows.dtype)
-  if platform == 'gpu' and _power_of_two(group) and _power_of_two(dim):
+  if platform == 'gpu' and triton_tiles(group, dim, rows.dtype.itemsize):
     return _gpu_maxima(queries, rows, bias, group, interpret).T
-  if platform == 'tpu' and group % 128 == 0:
-    step = TPU_GROUPS_PER_STEP * group
-    head = num_rows - num_rows % step
-    parts = []
-    if head:
-      parts.append(_tpu_maxima(queries, rows[:head], bias[:head], group,
-                               interpret).T)
-    if head < num_rows:
-      parts.append(reference(queries, rows[head:], bias[head:], group))
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+  steps = num_rows // (TPU_GROUPS_PER_STEP * group)
+  if platform == 'tpu' and group % TPU_LANES == 0 and steps:
+    head = steps * TPU_GROUPS_PER_STEP * group
+    kernel = _tpu_maxima(queries, rows, bias, group, steps, interpret).T
+    # The groups after the last step: fewer than TPU_GROUPS_PER_STEP.
+    rest = reference(queries, rows[head:], bias[head:], group)
+    return jnp.concatenate([kernel, rest], axis=1)
   return reference(queries, rows, bias, group)
