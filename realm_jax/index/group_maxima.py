@@ -50,7 +50,7 @@ def precision_for(dtype):
   return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
 
 
-def scores(queries, rows):
+def _scores(queries, rows):
   """[Q, n] float32 inner products, at the precision the kernels use."""
   return jnp.einsum('qd,nd->qn', queries, rows,
                     preferred_element_type=jnp.float32,
@@ -66,7 +66,7 @@ def reference(queries, rows, bias, group: int):
   size = REFERENCE_GROUPS * group
 
   def maxima(rows, bias):
-    return (scores(queries, rows) + bias).reshape(
+    return (_scores(queries, rows) + bias).reshape(
         queries.shape[0], -1, group).max(axis=-1)
 
   def block(start):
