@@ -13,7 +13,8 @@ devices the step ran on (benchmarks/peak.py).
 BERT-base at the paper's shapes under the accelerator's gin setup
 (gin/setups/gpu.gin: bfloat16, attention dropout 0, so attention takes the
 fused kernel), at batch 8 and a larger batch where memory allows, the first
-step (compile included) reported apart from the median step.
+step (compile included) reported apart from the median step; batch 8 again
+from the persistent compilation cache, and with the layers unrolled.
 """
 
 import os
@@ -160,19 +161,47 @@ def _memory_limit() -> int | None:
 # gin/setups/paper_scale.gin and tpu_v4.gin run BERT-base), where the card
 # holds it at the goal of 1 GiB of activations an example; then batch 8 as
 # the GPU setup runs it, keeping every activation (batch 32 of that asked an
-# H100 for 110 GiB).
+# H100 for 110 GiB); that step again from the persistent compilation cache;
+# and with the layers unrolled (`BertConfig.scan_unroll`), the lever against
+# the scan's copies of its stacked buffers (docs/benchmarks.md).
 LARGE_BATCH = 64
 ACTIVATION_GOAL = 2 ** 30
+
+
+class _CacheEvents:
+  """Counts JAX's persistent-cache hits and misses while it is entered."""
+
+  EVENTS = {'/jax/compilation_cache/cache_hits': 'hits',
+            '/jax/compilation_cache/cache_misses': 'misses'}
+
+  def __init__(self):
+    self.counts = {'hits': 0, 'misses': 0}
+
+  def _listen(self, event, **_):
+    if event in self.EVENTS:
+      self.counts[self.EVENTS[event]] += 1
+
+  def __enter__(self):
+    jax.monitoring.register_event_listener(self._listen)
+    return self.counts
+
+  def __exit__(self, *_):
+    jax.monitoring.unregister_event_listener(self._listen)
 
 
 def accelerator(options) -> list[dict]:
   """REALM pre-training, BERT-base, the paper's shapes (query 96, blocks
   288, reader 384, 8 candidates), bfloat16 under the platform's setup: at
   LARGE_BATCH (16 where the device holds less than its activations at the
-  goal) with remat 'full', then at batch 8 without remat, each while the
-  time left allows it (the last row's time, scaled). A row's peak memory
-  is the device's since the process began: kept where it rose in that row.
-  --quick: the tiny model at the smoke shapes, batch 2."""
+  goal) with remat 'full', then at batch 8 without remat; batch 8 again
+  with a new trainer, which traces and lowers the step again and reads the
+  executable from the persistent compilation cache (benchmarks/run.py
+  turns it on; `first_step_s` is then the goal's first step from the
+  cache, the process's start aside); then batch 8 with the layers unrolled.
+  Each row runs while the time left allows it (the last row's time,
+  scaled). A row's peak memory is the device's since the process began:
+  kept where it rose in that row. --quick: the tiny model at the smoke
+  shapes, batch 2, the same rows but the large one."""
   from realm_jax.models import target  # pylint: disable=g-import-not-at-top
   time_left = getattr(options, 'time_left', lambda: float('inf'))
   device = jax.devices()[0]
@@ -180,41 +209,48 @@ def accelerator(options) -> list[dict]:
   setups = [setup_file(platform)]
   limit = _memory_limit()
   if options.quick:
-    model, rows_asked, steps, bindings = 'tiny', ((2, 'none'),), 2, \
-        QUICK_BINDINGS
+    model, layers, small, steps, bindings = 'tiny', 2, 2, 2, QUICK_BINDINGS
+    rows_asked = []
   else:
+    model, layers, small, steps, bindings = 'bert-base', 12, 8, 10, ()
     large = (LARGE_BATCH if limit and limit >= LARGE_BATCH * ACTIVATION_GOAL
              else 16)
-    model, rows_asked, steps, bindings = (
-        'bert-base', ((large, 'full'), (8, 'none')), 10, ())
+    rows_asked = [(large, 'full', 1, False)]
+  # (batch, remat, layers a trip of the scan, from the cache)
+  rows_asked += [(small, 'none', 1, False), (small, 'none', 1, True),
+                 (small, 'none', layers, False)]
   from benchmarks.encoder import versions  # pylint: disable=g-import-not-at-top
   base = {'benchmark': 'train_step', 'device': device.device_kind,
           'compiler': versions(), 'run': 'pretrain', 'model': model,
           'setup': os.path.relpath(setups[0], os.path.dirname(GIN_DIR))}
   rows, needed, peak_before = [], 0.0, 0.0
-  for batch, remat in rows_asked:
+  for batch, remat, unroll, cached in rows_asked:
+    asked = {**base, 'batch': batch, 'remat': remat, 'scan_unroll': unroll,
+             'compiled': 'from the cache' if cached else 'here'}
     # The next row compiles again.
     estimate = needed * 1.3
     if time_left() < estimate:
-      rows.append({**base, 'batch': batch, 'remat': remat,
-                   'skipped': f'time budget: {time_left():.0f} s left, '
-                              f'the row needs about {estimate:.0f}'})
+      rows.append({**asked, 'skipped': f'time budget: {time_left():.0f} s '
+                                       f'left, the row needs about '
+                                       f'{estimate:.0f}'})
       print(rows[-1], flush=True)
       continue
     start = time.perf_counter()
     try:
-      row = measure('pretrain', model, batch, steps, 'bfloat16',
-                    (*bindings, f"BertConfig.remat = '{remat}'"),
-                    setups=setups)
+      with _CacheEvents() as cache:
+        row = measure('pretrain', model, batch, 2 if cached else steps,
+                      'bfloat16', (*bindings, f"BertConfig.remat = '{remat}'",
+                                   f'BertConfig.scan_unroll = {unroll}'),
+                      setups=setups)
     except Exception as error:  # pylint: disable=broad-except
       gin.clear_config()
-      rows.append({**base, 'batch': batch, 'remat': remat,
-                   'error': f'{type(error).__name__}: {str(error)[:300]}'})
+      rows.append({**asked, 'error': f'{type(error).__name__}: '
+                                     f'{str(error)[:300]}'})
       print(rows[-1], flush=True)
       continue
     peak = (device.memory_stats() or {}).get('peak_bytes_in_use', 0) / 2 ** 30
-    rows.append({**base, **row, 'remat': remat,
-                 'step_ms': row['step_seconds'] * 1e3,
+    rows.append({**asked, **row, 'step_ms': row['step_seconds'] * 1e3,
+                 'cache_hits': cache['hits'], 'cache_misses': cache['misses'],
                  'peak_memory_gib': peak if peak > peak_before else None})
     peak_before = max(peak, peak_before)
     print(rows[-1], flush=True)

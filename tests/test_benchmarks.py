@@ -182,10 +182,19 @@ def test_accelerator_quick_run_of_every_row(tmp_path, capsys):
       assert 'torch' in row['compiler'] and row['time_ratio'] > 0
       # bfloat16 on both sides: agreement to its rounding.
       assert row['max_abs_diff'] < 0.25 * max(1.0, row['mean_abs_output'])
-  step, = rows['train_step']
-  assert step['setup'] == 'gin/setups/gpu.gin' and step['dtype'] == 'bfloat16'
-  assert step['first_step_s'] > step['step_seconds'] > 0
-  assert math.isfinite(step['loss'])
+  unrolled = [row for row in rows['encoder'] if row['scan_unroll'] == 2]
+  assert [row['model'] for row in unrolled] == ['bert-tiny (random)']
+  step, cached, unrolled = rows['train_step']
+  for row in (step, cached, unrolled):
+    assert row['setup'] == 'gin/setups/gpu.gin' and row['dtype'] == 'bfloat16'
+    assert row['first_step_s'] > row['step_seconds'] > 0
+    assert math.isfinite(row['loss'])
+  # The second trainer's step is read from the persistent cache the first
+  # one's compile wrote; the unrolled step is a new program.
+  assert step['cache_misses'] > 0 and step['cache_hits'] == 0
+  assert cached['compiled'] == 'from the cache' and cached['cache_hits'] > 0
+  assert cached['cache_misses'] == 0
+  assert unrolled['scan_unroll'] == 2 and unrolled['cache_misses'] > 0
   for row in rows['train_step'] + rows['embed']:
     assert 0 < row['mfu'] <= 1, row
   assert {row['model'] for row in rows['embed']} == {'tiny', 'minilm-l6'}
