@@ -278,7 +278,8 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
             Selection(65536, 'approx_max_k')]
   else:
     grid = [default,
-            *(Selection(1 << 20, 'fused', g) for g in (256, 128, 64)),
+            *(Selection(1 << 20, 'fused', g) for g in (128, 256, 64)),
+            Selection(1 << 20, 'two_stage', 256),
             Selection(1 << 20, 'two_stage', 128),
             Selection(1 << 19, 'two_stage', 128),
             Selection(1 << 21, 'two_stage', 128),

@@ -10,6 +10,7 @@ import pytest
 from realm_jax.index import exact
 from realm_jax.index.exact import (ExactSearcher, Selection, exact_search,
                                    selection_for)
+from realm_jax.index.group_maxima import triton_tiles
 from realm_jax.models import target
 
 pytestmark = pytest.mark.unit
@@ -120,8 +121,9 @@ def test_excluding_each_querys_best_rows_keeps_the_search_exact(selection):
 
 def test_every_platform_has_a_default_and_only_tpus_approximate():
   assert selection_for('cpu') == Selection(65536, 'two_stage', group=128)
-  assert selection_for('gpu').method == 'two_stage'
-  assert selection_for('gpu').chunk_size >= 262144
+  # GPUs: the kernel that keeps the scores on chip, in groups it tiles.
+  gpu = selection_for('gpu')
+  assert gpu.method == 'fused' and triton_tiles(gpu.group, 128, 2)
   tpu = selection_for('tpu')
   assert tpu.method == 'approx_max_k' and not tpu.exact
   assert tpu.recall_target == 0.95
@@ -129,8 +131,8 @@ def test_every_platform_has_a_default_and_only_tpus_approximate():
   # An explicit field overrides the platform's default; the rest stays.
   assert selection_for('tpu', method='two_stage') == Selection(
       tpu.chunk_size, 'two_stage', group=128, recall_target=0.95)
-  assert selection_for('gpu', chunk_size=1 << 20, group=512) == Selection(
-      1 << 20, 'two_stage', group=512)
+  assert selection_for('gpu', method='two_stage', group=512) == Selection(
+      gpu.chunk_size, 'two_stage', group=512)
   with pytest.raises(ValueError, match='platform'):
     selection_for('npu')
   with pytest.raises(ValueError, match='method'):

@@ -119,15 +119,21 @@ def test_the_gpu_search_lowers_to_its_triton_kernel():
   """The paper's search (13.35M x 128 bfloat16 rows, 512 queries, top 8)
   as the GPU runs it: lowered for CUDA on this machine, the Pallas kernel
   becomes Triton's IR (what Triton cannot express fails here; its compile
-  to the card, and the card's limits, only on a GPU)."""
+  to the card, and the card's limits, only on a GPU). The kernel writes
+  the maxima queries-major, straight into the top-k over groups: a
+  transposed [groups, Q] reached XLA:GPU's TopK kernel as a column-major
+  bitcast, which it read as row-major (the wrong groups, on an H100)."""
   args = (jax.ShapeDtypeStruct((512, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((13_353_718, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((512, 1), jnp.int32))
   lowered = exact._exact_search.trace(
       *args, 8, Selection(method='fused', group=256), 'gpu').lower(
           lowering_platforms=('cuda',))
-  calls = re.findall(r'custom_call @([\w$.]+)', lowered.as_text())
+  text = lowered.as_text()
+  calls = re.findall(r'custom_call @([\w$.]+)', text)
   assert calls == ['__gpu$xla.gpu.triton']
+  kernel = re.search(r'(%\d+) = stablehlo.custom_call', text).group(1)
+  assert f'chlo.top_k({kernel}, k = 9) : tensor<512x52162xf32>' in text
 
 
 # Run in a process of its own: libtpu, once loaded, stays.

@@ -78,18 +78,19 @@ class Selection:
 #     made the search 2x faster; on a contended 2-core AMD EPYC the methods
 #     were within 10% of each other and chunks of 16,384-32,768 ran 10-15%
 #     faster: docs/benchmarks.md, "What bounds the search").
-#   - GPU: fewer, larger chunks: each chunk is a handful of kernels, and at
-#     65,536 rows their launches dominate (33.1 ms over 13.35M bf16 rows and
-#     512 queries on an H200, against 24.7 ms at 262,144). On an H100 the
-#     sweep put chunks of 1,048,576 in groups of 256 at 25.3 ms against
-#     28.4 at 262,144 x 128 (2M-row chunks: 25.0 ms, for twice the 2 GiB of
-#     scores); each form is within 1.6x of the floor of writing the scores
-#     (docs/benchmarks.md, "What bounds the search").
+#   - GPU: 'fused' in groups of 128: the scores never reach memory, so
+#     the search is no longer bound by writing them (on one H100, 13.35M
+#     bf16 rows and 512 queries: 6.69 ms, 3.8x the compute bound, against
+#     25.3 ms for the best chunked form, chunks of 1,048,576 in groups of
+#     256, whose scores' round trip alone is 16.3 ms; groups of 256: 8.18
+#     ms, of 64: 8.53; docs/benchmarks.md, "What bounds the search").
+#     Shapes the Triton kernel does not tile take the XLA form of the same
+#     two stages, as on CPUs.
 #     `python -m benchmarks.run --accelerator` sweeps the choices.
 #   - TPU: `approx_max_k`, its native approximate top-k, at recall 0.95.
 DEFAULT_SELECTION = {
     'cpu': Selection(chunk_size=65536, method='two_stage', group=128),
-    'gpu': Selection(chunk_size=1048576, method='two_stage', group=256),
+    'gpu': Selection(chunk_size=1048576, method='fused', group=128),
     'tpu': Selection(chunk_size=65536, method='approx_max_k',
                      recall_target=0.95),
 }

@@ -89,7 +89,7 @@ def reference(queries, rows, bias, group: int):
 
 def _kernel(queries_ref, rows_ref, bias_ref, out_ref, *, group: int,
             groups: int):
-  """out [groups, queries] <- the maxima of `groups` groups of rows."""
+  """out [groups, queries] <- the maxima of `groups` groups of rows (TPU)."""
   queries = queries_ref[...]
   for g in range(groups):
     span = slice(g * group, (g + 1) * group)
@@ -101,6 +101,16 @@ def _kernel(queries_ref, rows_ref, bias_ref, out_ref, *, group: int,
         precision=precision_for(rows_ref.dtype))
     products = products + bias_ref[span][:, None]
     out_ref[g:g + 1, :] = jnp.max(products, axis=0, keepdims=True)
+
+
+def _queries_major_kernel(queries_ref, rows_ref, bias_ref, out_ref):
+  """out [queries, 1] <- one group's maxima for a block of queries (GPU)."""
+  products = jax.lax.dot_general(
+      queries_ref[...], rows_ref[...], (((1,), (1,)), ((), ())),
+      preferred_element_type=jnp.float32,
+      precision=precision_for(rows_ref.dtype))
+  products = products + bias_ref[...][None, :]
+  out_ref[...] = jnp.max(products, axis=1, keepdims=True)
 
 
 def triton_tiles(group: int, dim: int, itemsize: int) -> bool:
@@ -117,7 +127,12 @@ def _padded(queries, multiple: int):
 
 
 def _gpu_maxima(queries, rows, bias, group: int, interpret: bool):
-  """[n // group, Q]: one Triton program per group and block of queries."""
+  """[Q, n // group]: one Triton program per group and block of queries.
+
+  The kernel writes the maxima queries-major, as the top-k over groups
+  reads them. Written groups-major and transposed, they reached XLA:GPU's
+  TopK kernel as a column-major bitcast, which it read as row-major: the
+  wrong groups, silently (jax 0.11.2, H100)."""
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas import triton as plgpu
   num_queries, dim = queries.shape
@@ -128,16 +143,16 @@ def _gpu_maxima(queries, rows, bias, group: int, interpret: bool):
   # fastest: the programs of one group run together and read its rows from
   # memory once, the rest from the L2 cache.
   maxima = pl.pallas_call(
-      functools.partial(_kernel, group=group, groups=1),
-      out_shape=jax.ShapeDtypeStruct((groups, queries.shape[0]), jnp.float32),
+      _queries_major_kernel,
+      out_shape=jax.ShapeDtypeStruct((queries.shape[0], groups), jnp.float32),
       grid=(queries.shape[0] // block, groups),
       in_specs=[pl.BlockSpec((block, dim), lambda q, g: (q, 0)),
                 pl.BlockSpec((group, dim), lambda q, g: (g, 0)),
                 pl.BlockSpec((group,), lambda q, g: (g,))],
-      out_specs=pl.BlockSpec((1, block), lambda q, g: (g, q)),
+      out_specs=pl.BlockSpec((block, 1), lambda q, g: (q, g)),
       compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=2),
       interpret=interpret, name='group_maxima')(queries, rows, bias)
-  return maxima[:, :num_queries]
+  return maxima[:num_queries]
 
 
 def _tpu_maxima(queries, rows, bias, group: int, steps: int,
@@ -172,7 +187,7 @@ def group_maxima(queries, rows, bias, group: int, platform: str,
                      f'{rows.dtype}: give both the same dtype.')
   num_rows, dim = rows.shape
   if platform == 'gpu' and triton_tiles(group, dim, rows.dtype.itemsize):
-    return _gpu_maxima(queries, rows, bias, group, interpret).T
+    return _gpu_maxima(queries, rows, bias, group, interpret)
   steps = num_rows // (TPU_GROUPS_PER_STEP * group)
   if platform == 'tpu' and group % TPU_LANES == 0 and steps:
     head = steps * TPU_GROUPS_PER_STEP * group
