@@ -5,6 +5,12 @@ how much of the step's wall time the device was busy at all.
 
   python -m benchmarks.profile --model=minilm-l6 --batch=64 \\
       --setup=gin/setups/gpu_demo.gin --output_dir=/tmp/profile
+  python -m benchmarks.profile --forward --model=bert-base --batch=128 \\
+      --length=288 --output_dir=/tmp/profile
+
+`--forward`: the encoder benchmark's call instead of a training step (one
+BERT's forward on random weights and wordpieces, parameters in the compute
+dtype, no padding), which is also the index builder's embedding work.
 
 The table groups names by kind (matmul, attention, normalization and
 softmax, other fusions, copies); the JSON (profile.json) keeps every line
@@ -98,6 +104,24 @@ def summarize(trace_file: str, steps: int) -> dict:
   return summary
 
 
+def _traced(call, steps: int, trace_dir: str | None):
+  """(wall seconds a call, the trace's file): two calls to compile and
+  warm, then `steps` traced."""
+  for _ in range(2):
+    jax.block_until_ready(call())
+  trace_dir = trace_dir or tempfile.mkdtemp(prefix='profile-')
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    start = time.perf_counter()
+    for _ in range(steps):
+      out = call()
+    jax.block_until_ready(out)
+    wall = (time.perf_counter() - start) / steps
+  trace_file = max(glob.glob(os.path.join(
+      trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True),
+                   key=os.path.getmtime)
+  return wall, trace_file
+
+
 def profile(run: str, model: str, batch: int, steps: int, dtype: str,
             bindings=(), setups=(), trace_dir: str | None = None) -> dict:
   """Two steps to compile and warm, then `steps` steps traced; the
@@ -105,23 +129,51 @@ def profile(run: str, model: str, batch: int, steps: int, dtype: str,
   trainer, state, inputs, step_flops = train_step.build(
       run, model, batch, dtype, bindings, setups)
   inputs = jax.device_put(inputs)
-  for _ in range(2):
-    state, metrics = trainer.step(state, inputs)
-  jax.block_until_ready(metrics)
-  trace_dir = trace_dir or tempfile.mkdtemp(prefix='profile-')
-  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-    start = time.perf_counter()
-    for _ in range(steps):
-      state, metrics = trainer.step(state, inputs)
-    jax.block_until_ready(metrics)
-    wall = (time.perf_counter() - start) / steps
-  trace_file = max(glob.glob(os.path.join(
-      trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True),
-                   key=os.path.getmtime)
+  held = {'state': state}
+
+  def call():
+    held['state'], metrics = trainer.step(held['state'], inputs)
+    return metrics
+  wall, trace_file = _traced(call, steps, trace_dir)
   return {'run': run, 'model': model, 'batch': batch, 'dtype': dtype,
           'device': jax.devices()[0].device_kind, 'steps': steps,
           'bindings': list(bindings), 'setups': list(setups),
           'step_ms': wall * 1e3, 'model_tflop_per_step': step_flops / 1e12,
+          'lines': summarize(trace_file, steps), 'trace': trace_file}
+
+
+def profile_forward(model: str, batch: int, length: int, steps: int,
+                    dtype: str, bindings=(), trace_dir: str | None = None
+                    ) -> dict:
+  """The summary of `steps` forward calls of `model`'s BERT at batch x
+  length, as benchmarks/encoder.py times it against PyTorch's."""
+  import gin  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import flops  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.bert import Bert, BertConfig  # pylint: disable=g-import-not-at-top
+  gin.parse_config_files_and_bindings(
+      [os.path.join(train_step.GIN_DIR, 'models',
+                    f'{train_step.MODELS[model]}.gin')],
+      [f"BertConfig.dtype = '{dtype}'", f"BertConfig.param_dtype = '{dtype}'",
+       *bindings])
+  config = BertConfig()
+  gin.clear_config()
+  rng = np.random.default_rng(0)
+  ids = jax.device_put(rng.integers(1000, config.vocab_size, (batch, length),
+                                    np.int32))
+  mask = jax.device_put(np.ones((batch, length), np.int32))
+  model_ = Bert(config)
+  params = jax.jit(model_.init)(jax.random.PRNGKey(0), ids, mask)['params']
+  forward = jax.jit(lambda p, i, m: model_.apply({'params': p}, i, m)
+                    .sequence_output)
+  wall, trace_file = _traced(lambda: forward(params, ids, mask), steps,
+                             trace_dir)
+  return {'run': 'forward', 'model': model, 'batch': batch, 'length': length,
+          'dtype': dtype, 'device': jax.devices()[0].device_kind,
+          'steps': steps, 'bindings': list(bindings), 'setups': [],
+          'step_ms': wall * 1e3,
+          'model_tflop_per_step': batch * flops.encoder_forward(
+              config, length) / 1e12,
           'lines': summarize(trace_file, steps), 'trace': trace_file}
 
 
@@ -148,6 +200,10 @@ def main(argv=None) -> None:
   parser.add_argument('--model', default='minilm-l6',
                       choices=tuple(train_step.MODELS))
   parser.add_argument('--batch', type=int, default=8)
+  parser.add_argument('--forward', action='store_true',
+                      help='The BERT forward alone (the encoder benchmark).')
+  parser.add_argument('--length', type=int, default=288,
+                      help='--forward: the sequence length.')
   parser.add_argument('--steps', type=int, default=3)
   parser.add_argument('--dtype', default=None,
                       help='Default: bfloat16 on accelerators, float32 on '
@@ -163,8 +219,12 @@ def main(argv=None) -> None:
   setups = args.setup or [train_step.setup_file(platform)]
   dtype = args.dtype or ('float32' if platform == 'cpu' else 'bfloat16')
   os.makedirs(args.output_dir, exist_ok=True)
-  result = profile(args.run, args.model, args.batch, args.steps, dtype,
-                   args.binding, setups)
+  if args.forward:
+    result = profile_forward(args.model, args.batch, args.length, args.steps,
+                             dtype, args.binding)
+  else:
+    result = profile(args.run, args.model, args.batch, args.steps, dtype,
+                     args.binding, setups)
   trace = os.path.join(args.output_dir, 'perfetto_trace.json.gz')
   shutil.copy(result['trace'], trace)
   result['trace'] = trace

@@ -235,3 +235,20 @@ def test_a_profile_sums_each_device_line_by_name_and_kind(tmp_path):
       {'matmul': 0.4, 'other fusions': 0.2, 'attention': 0.1})
   fusion = next(t for t in line['top'] if t['name'] == 'loop_fusion')
   assert fusion['calls_a_step'] == 1 and fusion['ms_a_step'] == 0.2
+
+
+@pytest.mark.integration
+def test_a_forward_profile_writes_its_summary_and_trace(tmp_path):
+  """`python -m benchmarks.profile --forward` at a tiny size on this
+  machine: on a CPU the host's XLA threads stand in for the device."""
+  from benchmarks import profile  # pylint: disable=g-import-not-at-top
+  profile.main(['--forward', '--model=tiny', '--batch=2', '--length=16',
+                '--steps=2', f'--output_dir={tmp_path}'])
+  result = json.loads((tmp_path / 'profile.json').read_text())
+  assert (result['run'], result['batch'], result['length']) == (
+      'forward', 2, 16)
+  assert result['step_ms'] > 0 and result['model_tflop_per_step'] > 0
+  assert result['lines'] and all(
+      line['busy_ms_a_step'] > 0 for line in result['lines'].values())
+  assert (tmp_path / 'perfetto_trace.json.gz').exists()
+  assert (tmp_path / 'profile.md').read_text().startswith('forward step')
