@@ -10,6 +10,11 @@ Three files in model_dir, next to those `run_directory` describes:
                     two builders would both publish;
   run_format.json   the layout the run's checkpoints were written in: code
                     that lays them out differently must not resume them.
+And one in the index directory:
+  publish.lock      locked (flock) while an index step is written: a trainer
+                    with no index yet and the builder beside it both embed
+                    step 0, and two writers of one step share Orbax's
+                    temporary directory, each removing the other's.
 """
 
 import fcntl
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 
 LOCK = 'trainer.lock'
 BUILDER_LOCK = 'builder.lock'
+PUBLISH_LOCK = 'publish.lock'
 # The run directory's layout. Bump it with any change that makes the code
 # read an existing run directory differently. 2: each BERT's layers stacked
 # under 'layers' (nn.scan), where 1 had `layer_0`, `layer_1`, ...
@@ -107,6 +113,31 @@ class BuilderLock(RunLock):
   """The index builder's: two builders would both publish, each pruning
   what the other wrote."""
   FILE, ERROR, HELD_BY = BUILDER_LOCK, BuilderRunning, 'has an index builder:'
+
+
+class PublishLock:
+  """Waits for and holds an exclusive lock on an index directory while one
+  step is written (the index's `publish.lock`). As RunLock: process 0 alone
+  takes it (the others write under its collective save), the kernel drops
+  it when its holder dies, and a URL gets none."""
+
+  def __init__(self, index_dir: str):
+    self.index_dir = str(index_dir)
+    self._file = None
+
+  def __enter__(self) -> 'PublishLock':
+    if distributed.process_index() or '://' in self.index_dir:
+      return self
+    epath.Path(self.index_dir).mkdir(parents=True, exist_ok=True)
+    self._file = os.open(os.path.join(self.index_dir, PUBLISH_LOCK),
+                         os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(self._file, fcntl.LOCK_EX)
+    return self
+
+  def __exit__(self, *unused_exception) -> None:
+    if self._file is not None:
+      os.close(self._file)
+      self._file = None
 
 
 def _holder(descriptor: int) -> str:

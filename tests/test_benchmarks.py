@@ -162,7 +162,10 @@ def test_accelerator_table_has_docs_columns_and_says_what_did_not_run():
 def test_accelerator_quick_run_of_every_row(tmp_path, capsys):
   """`python -m benchmarks.run --accelerator --quick`: the GPU command's
   every row at tiny sizes, PyTorch's encoder included where installed."""
+  cache_dir = jax.config.jax_compilation_cache_dir
   path = run.main(['--accelerator', '--quick', f'--output_dir={tmp_path}'])
+  # The run's own compilation cache is gone, the process's setting back.
+  assert jax.config.jax_compilation_cache_dir == cache_dir
   assert path.endswith('-accelerator-quick.json')
   report = json.loads(open(path, encoding='utf-8').read())
   assert report['accelerator'] and report['quick']

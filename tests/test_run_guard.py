@@ -163,6 +163,47 @@ def test_only_process_0_of_a_local_directory_takes_the_lock(
     assert not os.path.exists(tmp_path / run_guard.LOCK)
 
 
+@pytest.mark.unit
+def test_a_second_writer_of_an_index_step_waits_then_finds_it_published(
+    tmp_path):
+  """A trainer with no index yet and the index builder beside it both
+  publish step 0. Two writers of one step at once shared Orbax's temporary
+  directory, each removing the other's (a trainer's run failed so in the
+  suite): the second now waits for the first's lock; a writer after a
+  publication finds the step published."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import publication  # pylint: disable=g-import-not-at-top
+  index_dir = str(tmp_path / 'index')
+  embeddings = np.arange(12, dtype=np.float32).reshape(4, 3)
+  metadata = {'step': 0}
+  outcome = []
+
+  def second_writer():
+    try:
+      publication.publish(publication.index_manager(index_dir), 0,
+                          embeddings + 1, metadata)
+      outcome.append('published')
+    except ocp.checkpoint_manager.StepAlreadyExistsError:
+      outcome.append('already published')
+  with run_guard.PublishLock(index_dir):  # The first writer's.
+    writer = threading.Thread(target=second_writer)
+    writer.start()
+    writer.join(timeout=2)
+    # It waits for the lock: nothing of step 0 written, not even its
+    # temporary directory.
+    assert writer.is_alive() and not outcome
+    assert sorted(os.listdir(index_dir)) == [run_guard.PUBLISH_LOCK]
+  writer.join(timeout=60)
+  assert outcome == ['published']
+  with pytest.raises(ocp.checkpoint_manager.StepAlreadyExistsError):
+    publication.publish(publication.index_manager(index_dir), 0, embeddings,
+                        metadata)
+  manager = publication.index_manager(index_dir, read_only=True)
+  assert run_directory.reload(manager) == [0]  # The lock file is no step.
+  np.testing.assert_array_equal(
+      publication.read_embeddings(manager, 0), embeddings + 1)
+
+
 # 2. The layout a run was written in.
 
 

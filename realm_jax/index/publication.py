@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from realm_jax import checksums, distributed, errors, run_directory
+from realm_jax import checksums, distributed, errors, run_directory, run_guard
 from realm_jax.data import corpus_changes
 from realm_jax.errors import IndexMismatchError
 from realm_jax.index.embed import DocumentEmbedder, embed_corpus
@@ -163,18 +163,21 @@ def publish(manager: ocp.CheckpointManager, step: int,
   """Saves one index as step `step`; visible to readers only once complete.
 
   Raises StepAlreadyExistsError on every process alike when the step is
-  published already (by an index builder beside a trainer, say).
+  published already (by an index builder beside a trainer, say). One
+  writer at a time (`run_guard.PublishLock`): a second one waits, then
+  finds the step published.
   """
-  if distributed.agree(step in run_directory.reload(manager)):
-    raise ocp.checkpoint_manager.StepAlreadyExistsError(
-        f'Index step {step} is already published in {manager.directory}.')
-  rows = embeddings if isinstance(embeddings, Rows) else Rows.of(embeddings)
-  items = {run_directory.EMBEDDINGS: EmbeddingsSave(rows),
-           run_directory.METADATA: run_directory.JsonSave(metadata)}
-  if scann is not None:
-    items[run_directory.SCANN] = ScannSave(scann)
-  manager.save(step, args=ocp.args.Composite(**items), force=True)
-  manager.wait_until_finished()
+  with run_guard.PublishLock(manager.directory):
+    if distributed.agree(step in run_directory.reload(manager)):
+      raise ocp.checkpoint_manager.StepAlreadyExistsError(
+          f'Index step {step} is already published in {manager.directory}.')
+    rows = embeddings if isinstance(embeddings, Rows) else Rows.of(embeddings)
+    items = {run_directory.EMBEDDINGS: EmbeddingsSave(rows),
+             run_directory.METADATA: run_directory.JsonSave(metadata)}
+    if scann is not None:
+      items[run_directory.SCANN] = ScannSave(scann)
+    manager.save(step, args=ocp.args.Composite(**items), force=True)
+    manager.wait_until_finished()
   run_directory.empty_trash(manager.directory)
 
 
