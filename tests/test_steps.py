@@ -21,7 +21,7 @@ from etils import epath
 from orbax.checkpoint._src.path import step as orbax_step
 
 from realm_jax.data import corpus
-from realm_jax import run_directory
+from realm_jax import run_directory, run_guard
 from realm_jax.index import client as client_lib, publication, refresh
 from realm_jax.index.client import IndexClient
 from tests.helpers import DIM, BuilderStandIn, flip_a_bit, trainer_writer
@@ -158,7 +158,7 @@ def test_writers_prune_by_renaming_into_the_trash_then_empty_it(dirs):
     builder.publish()
   index = epath.Path(run_directory.index_dir(model_dir))
   assert sorted(p.name for p in index.iterdir()) == [
-      '2', '3', run_directory.TRASH]
+      '2', '3', run_directory.TRASH, run_guard.PUBLISH_LOCK]
   assert not list((index / run_directory.TRASH).iterdir())
 
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from realm_jax import main, run_directory
+from realm_jax import main, run_directory, run_guard
 from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.models import pretrained
 from realm_jax.input.seqio_source import SeqioSource
@@ -301,7 +301,8 @@ def test_every_run_kind_trains_from_its_gin_file_with_warm_starts(
   changed = lambda p: p['retriever']['embedder']['projection']['kernel']
   assert not np.array_equal(changed(before), changed(after))
   # The index is the starting document tower's, never refreshed.
-  assert os.listdir(os.path.join(finetune, 'index')) == ['0']
+  assert sorted(os.listdir(os.path.join(finetune, 'index'))) == [
+      '0', run_guard.PUBLISH_LOCK]
   index = lambda d: publication.index_manager(run_directory.index_dir(d),
                                               read_only=True)
   np.testing.assert_array_equal(
