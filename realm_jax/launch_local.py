@@ -97,8 +97,10 @@ def _start(job: Job, files: contextlib.ExitStack) -> subprocess.Popen:
                              stderr=subprocess.STDOUT if output else None,
                              env={PREALLOCATE: 'false', **os.environ,
                                   'PYTHONUNBUFFERED': '1', **dict(job.env)})
-  print(f'{job.name}: pid {process.pid}, log {job.log or "this console"}',
-        flush=True)
+  # One write, newline included: stages side by side start jobs from
+  # threads of their own, and print's separate newline interleaves.
+  print(f'{job.name}: pid {process.pid}, log {job.log or "this console"}\n',
+        end='', flush=True)
   return process
 
 

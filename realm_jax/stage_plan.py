@@ -214,12 +214,17 @@ def recorded(preset: str, docs_dir: epath.Path) -> dict | None:
   """The newest measure of the preset's stages, by its 'date' (a record
   without one is the oldest): its last recorded run (docs/results/
   <preset>.json), or a run cut short to time its stages
-  (<preset>_stage_times*.json, of the same form)."""
+  (<preset>_stage_times*.json, of the same form). A record of several
+  runs (`--repeats`) is planned from its first, the date its own."""
   found = []
   for path in [docs_dir / f'{preset}.json',
                *sorted(docs_dir.glob(f'{preset}_stage_times*.json'))]:
     try:
-      found.append(json.loads(path.read_text()))
+      record = json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
       continue
+    if record.get('runs'):
+      record = {**record['runs'][0], 'date': record.get(
+          'date', record['runs'][0].get('date', ''))}
+    found.append(record)
   return max(found, key=lambda record: record.get('date', ''), default=None)

@@ -62,6 +62,19 @@ def test_the_newest_measure_of_the_stages_is_the_one_planned_from(tmp_path):
   assert stage_plan.recorded('gpu', docs)['date'] == '2026-12-01'
 
 
+def test_a_record_of_several_runs_is_planned_from_its_first(tmp_path):
+  # `--repeats` writes each run's record under 'runs' and nothing of a
+  # run's own at the top: read as it was, every stage had nothing to
+  # expect.
+  docs = epath.Path(tmp_path)
+  second = {**RECORD, 'timings': {'ict': 90.0}}
+  (docs / 'world.json').write_text(json.dumps(
+      {'preset': 'world', 'repeats': {'runs': 2}, 'runs': [RECORD, second]}))
+  assert stage_plan.recorded('world', docs)['timings'] == RECORD['timings']
+  plan = stage_plan.Plan(STAGES, SIZES, stage_plan.recorded('world', docs))
+  assert plan.expected['ict'] == 60.0
+
+
 def test_without_a_record_nothing_is_expected_and_without_a_budget_no_limit():
   plan = stage_plan.Plan(STAGES, SIZES)
   assert set(plan.expected.values()) == {None} and plan.total() is None
