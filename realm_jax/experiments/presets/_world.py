@@ -44,18 +44,12 @@ def realm(name: str, sizes: Sizes, stale_factor: int | None = 1,
   cadence = {'run_refresh.refresh_interval_steps': interval}
   builder = (None if stale_factor is None else
              {**cadence, 'run_refresh.stale_factor': stale_factor})
-  # The builder embeds the towers alone, saved every interval; whole
-  # checkpoints (three BERTs and the optimizer's moments, for resuming)
-  # ten times as far apart. A run without the builder saves its last.
-  saves = ({'train.retriever_every': interval,
-            'train.checkpoint_every': 10 * interval} if builder else
-           {'train.checkpoint_every': sizes.pretrain_steps})
   return Stage(f'pretrain_{name}', 'realm', {'run_dir': name, 'bindings': {
       'train.num_steps': sizes.pretrain_steps,
       'train.batch_size': sizes.batch_size, 'train.log_every': 1,
       'Pretrain.ict_model_dir': Dir('ict'),
       'Pretrain.reader_model_dir': Dir('reader'),
-      **saves, **cadence,
+      'train.checkpoint_every': interval, **cadence,
       'train.eval_every': sizes.eval_every, 'train.eval_batches': 8,
       'Pretrain.num_candidates': sizes.candidates,
       'bert_adamw.warmup_steps': sizes.warmup_steps, **bindings},
