@@ -512,6 +512,20 @@ def test_no_checkpoint_restores_none(tmp_path):
       _abstract()) is None
 
 
+@pytest.mark.integration
+def test_checkpoints_at_multiples_of_keep_every_outlive_the_newest(tmp_path):
+  """What a run's training is scored at afterwards: the newest 2, and every
+  5th step besides, each still restorable."""
+  model_dir = str(tmp_path / 'run')
+  writer = Checkpoints(model_dir, save_every=1, keep=2, keep_every=5)
+  for step in range(12):
+    writer.save(_state(step), step, {'batches': step}, force=step == 0)
+  writer.close()
+  assert run_directory.reload(writer.manager) == [0, 5, 10, 11]
+  with pytest.raises(errors.BadConfig, match='train.keep_every=0'):
+    Checkpoints(model_dir, save_every=1, keep_every=0)
+
+
 # 4. A save on a full disk.
 
 

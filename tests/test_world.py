@@ -131,6 +131,34 @@ def test_two_writes_give_the_same_corpus_fingerprint(tmp_path, monkeypatch):
   np.testing.assert_array_equal(*arrays)
 
 
+def _scored(correct, hits):
+  """One scoring's rows of four queries (block i is query i's)."""
+  return [{'key': f'q{i}', 'block_id': i, 'masked_tokens': 1,
+           'correct_tokens': c, 'log_likelihood': -1.0 + c,
+           'top1_block_id': i if h else i + 1}
+          for i, (c, h) in enumerate(zip(correct, hits))]
+
+
+@pytest.mark.unit
+def test_scorings_along_a_run_are_averaged_per_query_then_compared():
+  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
+  # The fresh run right at every step; the stale one wrong on all four
+  # queries at one step of two, then recovered: as much as right half the
+  # time, though its last step alone ties.
+  fresh = world_demo.averaged([_scored([1, 1, 1, 1], [1, 1, 1, 1])] * 2)
+  stale = world_demo.averaged([_scored([0, 0, 0, 0], [0, 0, 1, 1]),
+                               _scored([1, 1, 1, 1], [1, 1, 1, 1])])
+  assert [r['correct_tokens'] for r in stale] == [0.5] * 4
+  assert [r['hit'] for r in stale] == [0.5, 0.5, 1.0, 1.0]
+  compared = world_demo.compare_along(fresh, stale)
+  assert compared['masked_token_accuracy']['difference'] == 50.0
+  assert compared['recall@1']['difference'] == 25.0
+  assert compared['log_likelihood']['difference'] == pytest.approx(0.5)
+  with pytest.raises(ValueError, match='different queries'):
+    world_demo.averaged([_scored([1] * 4, [1] * 4),
+                         _scored([1] * 3, [1] * 3)])
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):
@@ -178,6 +206,12 @@ def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):
     against_control = comparisons['realm_vs_frozen'][metric]
     assert (against_control['excludes_zero'] and
             against_control['difference'] > margin), (metric, against_control)
+  # Scored at each quarter of its training too, each step with the corpus
+  # embedded by that step's towers, from the checkpoints kept for it.
+  along = realm['along']
+  assert sorted(along, key=int) == ['15', '30', '45'], along
+  assert all(v['index_step'] == int(s) for s, v in along.items())
+  assert along['15']['recall@1'] < realm['recall@1'], (along, realm)
   # The trainer took the builder's indexes as it went: a trainer that kept
   # its first index would read one 30 steps stale on average.
   interval = results['sizes']['refresh_interval']

@@ -105,13 +105,47 @@ def make_world(spec: world.WorldSpec) -> dict:
 
 
 def score(model_dir: str, eval_dir: str, name: str,
-          task: str | None = None) -> dict:
+          task: str | None = None, along: int | None = None) -> dict:
+  """The held-out scores of the run's last step; with `along`, also of its
+  checkpoints at each multiple of it before (kept by `train.keep_every`),
+  under 'along': step -> scores, each named `along_name(name, step)`."""
   metrics = masked_lm.evaluate(model_dir, eval_dir, name, task=task)
   rows = masked_lm.read_queries(eval_dir, name)
   retrieved = any(r['top1_block_id'] is not None for r in rows)
-  return {**metrics, 'recall@1': _mean(_hits(rows)) if retrieved else None,
-          'p_null': _mean([r['p_null'] for r in rows
-                           if r['p_null'] is not None])}
+  out = {**metrics, 'recall@1': _mean(_hits(rows)) if retrieved else None,
+         'p_null': _mean([r['p_null'] for r in rows
+                          if r['p_null'] is not None])}
+  if along:
+    out['along'] = score_along(model_dir, eval_dir, name,
+                               range(along, metrics['step'], along))
+  return out
+
+
+def along_name(name: str, step: int) -> str:
+  return f'{name}_step_{step}'
+
+
+def score_along(model_dir: str, eval_dir: str, name: str, steps) -> dict:
+  """The held-out accuracy and recall@1 of the run's checkpoints at `steps`,
+  each with the corpus embedded by its own towers, as the last step's
+  scores are: what the run had learned by then, not what the index it read
+  then could find. They are scored through a view of the run (its config
+  and checkpoints) with an index directory of its own, which holds these
+  steps in order; the run's own holds newer ones. (The world's work_dir is
+  local: its view is made of symbolic links.)"""
+  out = {}
+  with tempfile.TemporaryDirectory(dir=eval_dir) as view:
+    for entry in ('config.gin', 'run_format.json', 'checkpoints'):
+      if epath.Path(model_dir, entry).exists():
+        os.symlink(os.path.join(model_dir, entry), os.path.join(view, entry))
+    for step in steps:
+      metrics = masked_lm.evaluate(view, eval_dir, along_name(name, step),
+                                   step=step)
+      rows = masked_lm.read_queries(eval_dir, along_name(name, step))
+      out[str(step)] = {
+          'masked_token_accuracy': metrics['masked_token_accuracy'],
+          'recall@1': _mean(_hits(rows)), 'index_step': metrics['index_step']}
+  return out
 
 
 def held_out_curve(model_dir: str) -> dict:
@@ -223,8 +257,8 @@ def realm(ctx: runner.Context, run_dir: str, bindings: dict,
 KINDS = {
     'world': lambda ctx, spec: make_world(world.WorldSpec(**spec)),
     'realm': realm,
-    'score': lambda ctx, run_dir, name=None, task=None: score(
-        ctx.dir(run_dir), ctx.dir('eval'), name or run_dir, task),
+    'score': lambda ctx, run_dir, name=None, task=None, along=None: score(
+        ctx.dir(run_dir), ctx.dir('eval'), name or run_dir, task, along),
     'edit': lambda ctx, run_dir: edit_check(
         world_spec(ctx.preset), ctx.dir(run_dir), ctx.dir('eval')),
 }
@@ -242,12 +276,15 @@ def begin(spec: preset_lib.Preset, work_dir: str, options: dict) -> dict:
 def finish(spec: preset_lib.Preset, work_dir: str, results: dict,
            qa_ran: bool) -> dict:
   """Each run's held-out curve, and the comparisons of their scores."""
-  del results, qa_ran
+  del qa_ran
   names = [s.args['run_dir'] for s in spec.stages if s.kind == 'realm']
+  along = sorted(map(int, results['held_out'].get('realm', {})
+                      .get('along', {})))
   return {'curves': {name: held_out_curve(os.path.join(work_dir, name))
                      for name in names},
           'comparisons': comparisons(world_spec(spec),
-                                     os.path.join(work_dir, 'eval'), names)}
+                                     os.path.join(work_dir, 'eval'), names,
+                                     along)}
 
 
 def run(work_dir: str = 'runs/world', preset: str = 'world',
@@ -274,8 +311,11 @@ def prior_rows(spec: world.WorldSpec, rows: list[dict]) -> list[dict]:
            'log_likelihood': 0.0} for q, r in zip(queries, rows)]
 
 
-def comparisons(spec: world.WorldSpec, eval_dir: str, names: list[str]
-                ) -> dict:
+def comparisons(spec: world.WorldSpec, eval_dir: str, names: list[str],
+                along: list[int] = ()) -> dict:
+  """REALM against each control on the held-out queries; `along`: the
+  steps before the last at which REALM and the stale run were also scored
+  (`score_along`)."""
   rows = {name: masked_lm.read_queries(eval_dir, name) for name in names}
   rows['prior'] = prior_rows(spec, rows['realm'])
   out = {f'realm_vs_{b}': masked_lm.compare(rows['realm'], rows[b])
@@ -289,6 +329,11 @@ def comparisons(spec: world.WorldSpec, eval_dir: str, names: list[str]
       out[f'realm_vs_{b}']['recall@1'] = bootstrap.paired_interval(
           np.array(_hits(rows['realm'])), np.array(_hits(rows[b])), ones,
           scale=100)
+  if 'stale' in rows and along:
+    out['realm_vs_stale_along'] = compare_along(
+        *(averaged([masked_lm.read_queries(eval_dir, along_name(n, step))
+                    for step in along] + [rows[n]])
+          for n in ('realm', 'stale')))
   # Rows follow `World.queries`: each fact in every template in turn.
   templates = len(next(iter(world.QUERY_TEMPLATES.values())))
   out['recall@1_by_template'] = {
@@ -300,6 +345,31 @@ def comparisons(spec: world.WorldSpec, eval_dir: str, names: list[str]
       'with_document': _mean([r['p_null'] for r in rows['realm']]),
       'interval': _unpaired([r['p_null'] for r in no_doc],
                             [r['p_null'] for r in rows['realm']])}
+  return out
+
+
+def averaged(scorings: list[list[dict]]) -> list[dict]:
+  """Each query's rows of several scorings of one run (one per step), as
+  one row: its correct tokens, log-likelihood and first-block hit averaged
+  over them."""
+  keys = [r['key'] for r in scorings[0]]
+  if any([r['key'] for r in rows] != keys for rows in scorings):
+    raise ValueError('The scorings along the run scored different queries.')
+  mean = lambda field, i: float(np.mean([rows[i][field]
+                                         for rows in scorings]))
+  return [{'key': key, 'masked_tokens': scorings[0][i]['masked_tokens'],
+           'correct_tokens': mean('correct_tokens', i),
+           'log_likelihood': mean('log_likelihood', i),
+           'hit': float(np.mean([_hits([rows[i]])[0] for rows in scorings]))}
+          for i, key in enumerate(keys)]
+
+
+def compare_along(rows_a: list[dict], rows_b: list[dict]) -> dict:
+  """A - B of two runs' `averaged` rows, each with its paired interval."""
+  out = masked_lm.compare(rows_a, rows_b)
+  out['recall@1'] = bootstrap.paired_interval(
+      np.array([r['hit'] for r in rows_a]),
+      np.array([r['hit'] for r in rows_b]), np.ones(len(rows_a)), scale=100)
   return out
 
 
@@ -339,6 +409,12 @@ COMPARISONS = {
     'realm_vs_stale/masked_token_accuracy': (
         f'held-out fill accuracy (%): fresh vs {STALE_FACTOR}x stale index',
         1),
+    'realm_vs_stale_along/recall@1': (
+        f'held-out recall@1 (%), the mean over each quarter of training: '
+        f'fresh vs {STALE_FACTOR}x stale index', 1),
+    'realm_vs_stale_along/masked_token_accuracy': (
+        'held-out fill accuracy (%), the mean over each quarter of training: '
+        f'fresh vs {STALE_FACTOR}x stale index', 1),
     'p_null/interval': (
         'p(null | x): people without a document vs with one', 3),
 }
@@ -371,7 +447,11 @@ COMPARISON_GOALS = {
     'realm_vs_frozen/recall@1': 'frozen retriever below on recall@1',
     'realm_vs_stale/recall@1': f'{STALE_FACTOR}x stale below fresh on recall@1',
     'realm_vs_stale/masked_token_accuracy':
-        f'{STALE_FACTOR}x stale below fresh on accuracy'}
+        f'{STALE_FACTOR}x stale below fresh on accuracy',
+    'realm_vs_stale_along/recall@1':
+        f'{STALE_FACTOR}x stale below fresh on recall@1, along training',
+    'realm_vs_stale_along/masked_token_accuracy':
+        f'{STALE_FACTOR}x stale below fresh on accuracy, along training'}
 # Goals on the figures above: (figure, target, met).
 FIGURE_GOALS = (
     ('held-out fill accuracy of REALM (%)', '>= 80',
@@ -438,6 +518,26 @@ def _edit_markdown(edit: dict | None) -> list[str]:
       f'{100 * edit["recall@1_new_document"]:.1f}%.', '']
 
 
+def _along_lines(held: dict) -> list[str]:
+  """The held-out scores at each quarter of training of the runs scored
+  along it (`score_along`), the last step's included."""
+  points = {name: {**{int(s): v for s, v in row['along'].items()},
+                   row['step']: row}
+            for name, row in held.items() if row.get('along')}
+  if not points:
+    return []
+  cell = lambda v: ('-' if v is None else
+                    f'{100 * v["masked_token_accuracy"]:.1f} / '
+                    f'{100 * v["recall@1"]:.1f}')
+  steps = sorted({s for p in points.values() for s in p})
+  return ['', 'Held-out accuracy / recall@1 (%) along training, each step '
+          'scored with the corpus embedded by its own towers:', '',
+          '| step | ' + ' | '.join(points) + ' |',
+          '|---|' + '---|' * len(points),
+          *(f'| {s} | ' + ' | '.join(cell(p.get(s)) for p in points.values())
+            + ' |' for s in steps)]
+
+
 def markdown(results: dict) -> str:
   c = results['comparisons']
   spec, sizes, m = results['spec'], results['sizes'], results['machine']
@@ -494,6 +594,7 @@ def markdown(results: dict) -> str:
         f'{f(row["recall@1"] and 100 * row["recall@1"])} | '
         f'{f(row["loss"], 3)} | {f(row["retrieval_utility"], 3)} | '
         f'{f(row["p_null"], 3)} |')
+  lines += _along_lines(held)
   by_template = c['recall@1_by_template'].items()
   lines += ['', 'Held-out recall@1 (%) by query template (the first names '
             'the person after a phrase, the second starts with the name):',

@@ -55,20 +55,24 @@ _DIFFERENCES_SHOWN = 5
 
 
 class Checkpoints:
-  """Saves every `save_every` steps, keeps the newest `keep`; with
-  `retriever_every`, a retriever snapshot at each multiple of it that is
-  not a checkpoint step (the newest `keep` kept)."""
+  """Saves every `save_every` steps, keeps the newest `keep` and, with
+  `keep_every`, each multiple of it besides (what is scored after the run,
+  along its training); with `retriever_every`, a retriever snapshot at each
+  multiple of it that is not a checkpoint step (the newest `keep` kept)."""
 
   def __init__(self, model_dir: str, save_every: int, keep: int = 3,
-               retriever_every: int | None = None):
-    if retriever_every is not None and retriever_every < 1:
-      raise errors.BadConfig(f'train.retriever_every={retriever_every} must '
-                             'be at least 1 (or None).')
+               retriever_every: int | None = None,
+               keep_every: int | None = None):
+    for name, value in (('retriever_every', retriever_every),
+                        ('keep_every', keep_every)):
+      if value is not None and value < 1:
+        raise errors.BadConfig(f'train.{name}={value} must be at least 1 '
+                               '(or None).')
     self.directory = run_directory.checkpoints_dir(model_dir)
     self.manager = run_directory.settled(ocp.CheckpointManager(
         run_directory.writable(self.directory),
         options=_writer_options(save_interval_steps=save_every,
-                                max_to_keep=keep)))
+                                max_to_keep=keep, keep_period=keep_every)))
     self.retriever_every = retriever_every
     self.snapshots = None if retriever_every is None else (
         run_directory.settled(ocp.CheckpointManager(

@@ -286,7 +286,8 @@ def _remove_if_refused(model_dir: str, error: BaseException | None) -> None:
 def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
           num_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED,
           seed: int = 0, checkpoint_every: int = 1000,
-          keep_checkpoints: int = 3, retriever_every: int | None = None,
+          keep_checkpoints: int = 3, keep_every: int | None = None,
+          retriever_every: int | None = None,
           log_every: int = 10, eval_every: int | None = None, eval_batches: int = 10,
           eval_batch_size: int | None = None,
           data_shards: int | None = None, prefetch: bool = True,
@@ -305,6 +306,9 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
     checkpoint_every: steps between (asynchronous) checkpoints.
     keep_checkpoints: the newest ones kept (and as many retriever
       snapshots).
+    keep_every: checkpoints at its multiples are kept besides (when saved:
+      a multiple of checkpoint_every), to be scored after the run, along
+      its training. None: the newest alone.
     retriever_every: steps between saves of the towers alone
       (model_dir/retriever_snapshots), which the index builder embeds as it
       does checkpoints: a refresh cadence shorter than the checkpoints' at a
@@ -348,7 +352,8 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
     preparer = run.input_preparer(model_dir, mesh)
     # Closed however the run ends, before the lock goes.
     checkpoints = held.enter_context(Checkpoints(
-        model_dir, checkpoint_every, keep_checkpoints, retriever_every))
+        model_dir, checkpoint_every, keep_checkpoints, retriever_every,
+        keep_every))
     data_shards = data_shards or jax.process_count()
     position = {'task': run.task, 'seed': seed, 'batch_size': batch_size,
                 **source.position(run.task, data_shards)}

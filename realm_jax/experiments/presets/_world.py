@@ -9,6 +9,11 @@ from realm_jax.experiments.preset import Dir, Preset, Stage
 
 CORPUS = 'world'
 STALE_FACTOR = 30
+# REALM and the stale run are also scored at each quarter of their training:
+# a stale run recovers from its stale index within a few dozen steps of its
+# one refresh, by a margin that varies from seed to seed, so its last step
+# alone says little of what the staleness cost (docs/levers.md).
+ALONG = 4
 # The reader's warm start copies only after a plateau whose length is the
 # seed's: at 2e-3, seeds 0 and 2 copied every value by step 300 and seed 1
 # 38% at step 500, so that its REALM read nothing (docs/levers.md).
@@ -60,7 +65,13 @@ def preset(spec: world.WorldSpec, sizes: Sizes) -> Preset:
   """The world's stages at `sizes`: REALM, the trained baseline, the frozen
   towers' control and the start, each scored on the held-out queries
   (with the ablations: the 30x stale index, and the edit check)."""
-  runs = {'realm': realm('realm', sizes),
+  along = sizes.pretrain_steps // ALONG
+  if along % sizes.refresh_interval:
+    raise ValueError(f'A quarter of pretrain_steps={sizes.pretrain_steps} '
+                     'is no multiple of the checkpoints\' refresh_interval='
+                     f'{sizes.refresh_interval}.')
+  kept, kept_runs = {'train.keep_every': along}, ('realm', 'stale')
+  runs = {'realm': realm('realm', sizes, **kept),
           'baseline': realm('baseline', sizes, None,
                             **{'Pretrain.num_candidates': 1}),
           'frozen': realm('frozen', sizes, None,
@@ -69,7 +80,7 @@ def preset(spec: world.WorldSpec, sizes: Sizes) -> Preset:
           'start': realm('start', sizes, None, **{
               'train.num_steps': 0, 'bert_adamw.warmup_steps': 0})}
   if sizes.ablations:
-    runs['stale'] = realm('stale', sizes, STALE_FACTOR)
+    runs['stale'] = realm('stale', sizes, STALE_FACTOR, **kept)
   return Preset(
       family='world', setup='gin/setups/world.gin',
       sizes=dataclasses.asdict(sizes),
@@ -90,7 +101,9 @@ def preset(spec: world.WorldSpec, sizes: Sizes) -> Preset:
               'bert_adamw.learning_rate': READER_LEARNING_RATE}},
                 result=''),
           *runs.values(),
-          *(Stage(f'score_{name}', 'score', {'run_dir': name},
+          *(Stage(f'score_{name}', 'score', {
+              'run_dir': name, **({'along': along} if name in kept_runs
+                                  else {})},
                   result=f'held_out/{name}') for name in runs),
           Stage('score_no_document', 'score',
                 {'run_dir': 'realm', 'name': 'no_document',
