@@ -1,13 +1,14 @@
 """`realm-jax fill`: the marginal over the retrieved documents, with provenance."""
 
 import json
+import os
 import shutil
 
 import gin
 import numpy as np
 import pytest
 
-from realm_jax import aot, main
+from realm_jax import aot, main, run_directory
 from realm_jax.evaluation import masked_lm, prediction
 from realm_jax.training import run_loader
 
@@ -141,6 +142,23 @@ def test_masked_lm_eval_with_and_without_retrieval(trained_pretraining,
     assert own['log_likelihood'] == pytest.approx(separate['log_likelihood'],
                                                   rel=1e-4, abs=1e-4)
   assert realm['null_document_accuracy'] == alone['masked_token_accuracy']
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures('small_corpus_env')
+def test_a_kept_step_older_than_the_newest_index_is_scored_with_its_own(
+    trained_pretraining, tmp_path):
+  """Scoring a run along its training: after the last step's index, the
+  first checkpoint's gets embedded and served, and the newer one stays."""
+  model_dir = _copy(trained_pretraining, tmp_path)
+  out = str(tmp_path / 'eval')
+  last = masked_lm.evaluate(model_dir, out, 'last', batch_size=8,
+                            max_queries=8)
+  first = masked_lm.evaluate(model_dir, out, 'first', batch_size=8,
+                             max_queries=8, step=0)
+  assert (last['step'], last['index_step']) == (2, 2)
+  assert (first['step'], first['index_step']) == (0, 0)
+  assert {'0', '2'} <= set(os.listdir(run_directory.index_dir(model_dir)))
 
 
 @pytest.mark.unit

@@ -129,22 +129,15 @@ def score_along(model_dir: str, eval_dir: str, name: str, steps) -> dict:
   """The held-out accuracy and recall@1 of the run's checkpoints at `steps`,
   each with the corpus embedded by its own towers, as the last step's
   scores are: what the run had learned by then, not what the index it read
-  then could find. They are scored through a view of the run (its config
-  and checkpoints) with an index directory of its own, which holds these
-  steps in order; the run's own holds newer ones. (The world's work_dir is
-  local: its view is made of symbolic links.)"""
+  then could find."""
   out = {}
-  with tempfile.TemporaryDirectory(dir=eval_dir) as view:
-    for entry in ('config.gin', 'run_format.json', 'checkpoints'):
-      if epath.Path(model_dir, entry).exists():
-        os.symlink(os.path.join(model_dir, entry), os.path.join(view, entry))
-    for step in steps:
-      metrics = masked_lm.evaluate(view, eval_dir, along_name(name, step),
-                                   step=step)
-      rows = masked_lm.read_queries(eval_dir, along_name(name, step))
-      out[str(step)] = {
-          'masked_token_accuracy': metrics['masked_token_accuracy'],
-          'recall@1': _mean(_hits(rows)), 'index_step': metrics['index_step']}
+  for step in steps:
+    metrics = masked_lm.evaluate(model_dir, eval_dir, along_name(name, step),
+                                 step=step)
+    rows = masked_lm.read_queries(eval_dir, along_name(name, step))
+    out[str(step)] = {
+        'masked_token_accuracy': metrics['masked_token_accuracy'],
+        'recall@1': _mean(_hits(rows)), 'index_step': metrics['index_step']}
   return out
 
 

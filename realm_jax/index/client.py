@@ -73,7 +73,7 @@ class IndexClient:
     self._manager = None
     self._host_embeddings = None
 
-  def _newest_step(self) -> int | None:
+  def newest_step(self) -> int | None:
     if self._manager is None:
       if not epath.Path(run_directory.index_dir(self.model_dir)).is_dir():
         return None
@@ -88,12 +88,20 @@ class IndexClient:
     if not force and not self.follow and self.searcher is not None:
       return False
     while True:  # Each damaged step is set aside: the listing shrinks.
-      newest = self._newest_step()
+      newest = self.newest_step()
       if newest is None or newest == self.index_step:
         return False
       loaded = self._load(newest)
       if loaded is not None:  # Swapped in, or vanished: look again later.
         return loaded
+
+  def serve(self, step: int) -> bool:
+    """Swaps in index `step` itself, not the newest: True if it is published
+    and whole (then kept: see `follow`)."""
+    if self.newest_step() is None or step not in run_directory.reload(
+        self._manager):
+      return False
+    return step == self.index_step or bool(self._load(step))
 
   def refresh_for(self, step: int | None) -> bool:
     """Before retrieving with the parameters of `step` (updates done): the
@@ -105,7 +113,7 @@ class IndexClient:
       return False
     asked_at = None
     while True:
-      if self._newest_step() is not None and wanted in run_directory.reload(
+      if self.newest_step() is not None and wanted in run_directory.reload(
           self._manager) and self._load(wanted):
         run_directory.clear_index_request(self.model_dir, wanted)
         return True

@@ -80,12 +80,17 @@ class CandidateRetrieval:
     return partitioning.local_rows(embedded, self.mesh)
 
   def _publish(self, step: int, retriever_params) -> None:
+    """Publishes the index of `step`; one older than the newest is not
+    pruned on the spot (a manager keeps the newest steps)."""
     index_dir = run_directory.index_dir(self.model_dir)
     log.info('embedding the corpus with the step-%d retriever into %s', step,
              index_dir)
+    newest = self.client.newest_step()
+    unpruned = ({'max_to_keep': None} if newest is not None and step < newest
+                else {})
     try:
       publication.embed_and_publish(
-          publication.index_manager(index_dir), step,
+          publication.index_manager(index_dir, **unpruned), step,
           DocumentEmbedder(self.retriever), retriever_params,
           local_share(self.blocks), self.corpus_metadata)
     except ocp.checkpoint_manager.StepAlreadyExistsError:
@@ -153,14 +158,19 @@ class CandidateRetrieval:
   def index_at(self, step: int, retriever_params) -> None:
     """Serves the index of exactly `step`, embedding it if none was published
     (evaluating a retriever, not the stale index it trained with), and keeps
-    it: a newer index published meanwhile is not swapped in."""
+    it: a newer index published meanwhile is not swapped in. A step older
+    than the newest index (a kept checkpoint scored after the run) is
+    served as well: its index is published beside the newer ones, pruned
+    by the next publication."""
     self.client.follow = False
     if not self.fetch:
       return
     self.client.maybe_refresh(force=True)
+    if self.client.params_step != step:
+      self.client.serve(step)
     if distributed.agree(self.client.params_step != step):
       self._publish(step, retriever_params)
-      self.client.maybe_refresh(force=True)
+      self.client.serve(step)
     if self.client.params_step != step:
       raise RuntimeError(
           f'{run_directory.index_dir(self.model_dir)} serves the index of '
