@@ -75,6 +75,7 @@ def world_table(results_dir: str = RESULTS) -> str:
   lines += [f'| {name} | {value(d)} |' for name, d in figures.items()
             if name != 'whole preset (minutes)']
   for path in ('realm_vs_frozen/recall@1', 'realm_vs_stale/recall@1',
+               'realm_vs_stale_along/masked_token_accuracy',
                'realm_vs_baseline/masked_token_accuracy'):
     d, (label, _) = compared[path], world_demo.COMPARISONS[path]
     lines.append(f'| {label}, A - B | {_signed(d["mean"])} '
@@ -92,12 +93,25 @@ def world_comparisons(results_dir: str = RESULTS) -> str:
   return '\n'.join(repeats.comparison_rows(summary, world_demo.COMPARISONS))
 
 
+def world_along(results_dir: str = RESULTS) -> str:
+  """REALM and the stale run of each seed, scored at each quarter of
+  their training."""
+  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments.presets._world import STALE_FACTOR  # pylint: disable=g-import-not-at-top
+  names = {'realm': 'REALM', 'stale': f'{STALE_FACTOR}x stale'}
+  points = {f'seed {r["seed"]}: {names[n]}': p
+            for r in load('world', results_dir)['runs']
+            for n, p in world_demo.along_points(r['held_out']).items()}
+  return '\n'.join(world_demo.along_table(points))
+
+
 def world_levers(results_dir: str = RESULTS) -> str:
   """The world's figures as each lever came: the top 3, the top 7 (the
   paper's 8 candidates, the null document included), then REALM's warmup
   over 100 steps instead of 30, each over its runs."""
-  records = [(preset, load(preset, results_dir)['repeats'])
-             for preset in ('world_top3', 'world_warmup30', 'world')]
+  loaded = [(preset, load(preset, results_dir))
+            for preset in ('world_top3', 'world_warmup30', 'world')]
+  records = [(preset, r['repeats']) for preset, r in loaded]
   value = lambda d: (f'{d["mean"]:.1f} ({d["min"]:.1f} to {d["max"]:.1f})'
                      if d['mean'] is not None else '-')
   lines = ['| figure, mean (range) | ' + ' | '.join(
@@ -106,6 +120,11 @@ def world_levers(results_dir: str = RESULTS) -> str:
   for name in records[0][1]['figures']:
     lines.append(f'| {name} | ' + ' | '.join(
         value(p['figures'][name]) for _, p in records) + ' |')
+  # The minutes are each record's machine's: its matmul rate beside them.
+  rates = (f'{r["runs"][0]["machine"]["matmul_2048_gflops"]:.0f}'
+           for _, r in loaded)
+  lines.append('| 2048³ float32 matmul (GFLOP/s), the first run | '
+               + ' | '.join(rates) + ' |')
   return '\n'.join(lines)
 
 
@@ -201,6 +220,7 @@ FIGURES: dict[str, Callable[[str], str]] = {
     'world.table': world_table,
     'world.comparisons': world_comparisons,
     'world.levers': world_levers,
+    'world.along': world_along,
     'demo.table': demo_table,
     'gpu.table': lambda d: demo_table(d, 'gpu'),
     'gpu.stages': functools.partial(stage_times, 'gpu'),

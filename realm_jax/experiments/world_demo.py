@@ -511,24 +511,34 @@ def _edit_markdown(edit: dict | None) -> list[str]:
       f'{100 * edit["recall@1_new_document"]:.1f}%.', '']
 
 
-def _along_lines(held: dict) -> list[str]:
-  """The held-out scores at each quarter of training of the runs scored
-  along it (`score_along`), the last step's included."""
-  points = {name: {**{int(s): v for s, v in row['along'].items()},
-                   row['step']: row}
-            for name, row in held.items() if row.get('along')}
-  if not points:
-    return []
+def along_points(held: dict) -> dict[str, dict[int, dict]]:
+  """Each run scored along its training (`score_along`): step -> its
+  held-out scores, the last step's included."""
+  return {name: {**{int(s): v for s, v in row['along'].items()},
+                 row['step']: row}
+          for name, row in held.items() if row.get('along')}
+
+
+def along_table(points: dict[str, dict[int, dict]]) -> list[str]:
+  """`along_points` (of one run or several) as a table: a row per step,
+  accuracy / recall@1 (%) in each column."""
   cell = lambda v: ('-' if v is None else
                     f'{100 * v["masked_token_accuracy"]:.1f} / '
                     f'{100 * v["recall@1"]:.1f}')
   steps = sorted({s for p in points.values() for s in p})
-  return ['', 'Held-out accuracy / recall@1 (%) along training, each step '
-          'scored with the corpus embedded by its own towers:', '',
-          '| step | ' + ' | '.join(points) + ' |',
+  return ['| step | ' + ' | '.join(points) + ' |',
           '|---|' + '---|' * len(points),
           *(f'| {s} | ' + ' | '.join(cell(p.get(s)) for p in points.values())
             + ' |' for s in steps)]
+
+
+def _along_lines(held: dict) -> list[str]:
+  points = along_points(held)
+  if not points:
+    return []
+  return ['', 'Held-out accuracy / recall@1 (%) along training, each step '
+          'scored with the corpus embedded by its own towers:', '',
+          *along_table(points)]
 
 
 def markdown(results: dict) -> str:

@@ -165,6 +165,8 @@ class CandidateRetrieval:
     self.client.follow = False
     if not self.fetch:
       return
+    # The newest first: after a corpus sync it holds this step's towers'
+    # embeddings of the corpus as it is now, under a step of its own.
     self.client.maybe_refresh(force=True)
     if self.client.params_step != step:
       self.client.serve(step)
