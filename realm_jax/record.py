@@ -97,8 +97,7 @@ def world_along(results_dir: str = RESULTS) -> str:
   """REALM and the stale run of each seed, scored at each quarter of
   their training."""
   from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
-  from realm_jax.experiments.presets._world import STALE_FACTOR  # pylint: disable=g-import-not-at-top
-  names = {'realm': 'REALM', 'stale': f'{STALE_FACTOR}x stale'}
+  names = {'realm': 'REALM', 'stale': f'{world_demo.STALE_FACTOR}x stale'}
   points = {f'seed {r["seed"]}: {names[n]}': p
             for r in load('world', results_dir)['runs']
             for n, p in world_demo.along_points(r['held_out']).items()}

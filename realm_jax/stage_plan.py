@@ -45,8 +45,12 @@ class Plan:
   def __init__(self, stages: list[str], sizes: dict,
                record: dict | None = None, budget_s: float | None = None,
                after: dict[str, list[str]] | None = None,
-               background=(), concurrent: int = 1):
+               background=(), concurrent: int = 1,
+               steps: dict[str, int] | None = None):
     self.stages, self.sizes, self.budget_s = stages, sizes, budget_s
+    # `steps`: the stages that set their own (a run for no step, say).
+    self.steps = {s: (steps or {}).get(s, steps_of(s, sizes))
+                  for s in stages}
     machine = (record or {}).get('machine', {})
     self.source = record and (machine.get('device') or (
         f'{machine["cpu"]}, {machine.get("cores")} cores' if 'cpu' in machine
@@ -81,7 +85,7 @@ class Plan:
     if seen is None:
       return None
     # A stage cut by its budget share ran the steps it reached.
-    steps = steps_of(stage, self.sizes)
+    steps = self.steps[stage]
     steps_then = (record.get(seen) or {}).get('steps_reached') or steps_of(
         seen, then)
     if not (steps and steps_then):
@@ -113,7 +117,7 @@ class Plan:
     """The plan as a table, with the budget and the source of the times."""
     show = lambda v: '?' if v is None else f'{v:.0f}'
     lines = ['| stage | steps | expected s |', '|---|---|---|']
-    lines += [f'| {s} | {steps_of(s, self.sizes) or ""} | '
+    lines += [f'| {s} | {"" if self.steps[s] is None else self.steps[s]} | '
               f'{show(self.expected[s])} |' for s in self.stages]
     total, wall = self.total(), self.wall()
     lines.append(f'| total | | {show(total)} |')

@@ -41,6 +41,17 @@ def test_each_stage_is_expected_from_the_record_at_its_steps_now():
       stage_plan.Plan(STAGES, SIZES, on_cpu).lines())
 
 
+def test_a_stage_that_sets_its_own_steps_is_planned_at_them():
+  # The start: REALM's run for no step, as its record has it.
+  record = {**RECORD, 'timings': {**RECORD['timings'], 'pretrain_start': 5.0}}
+  plan = stage_plan.Plan(['pretrain_realm', 'pretrain_start'], SIZES, record,
+                         steps={'pretrain_start': 0})
+  assert plan.expected['pretrain_start'] == 5.0
+  lines = '\n'.join(plan.lines())
+  assert '| pretrain_start | 0 | 5 |' in lines
+  assert '| pretrain_realm | 400 | 130 |' in lines
+
+
 def test_a_stage_its_budget_stopped_is_expected_from_the_steps_it_reached():
   # The record's REALM run stopped at step 20 of 100: 70 s = a 66 s start
   # and 20 steps of 0.2 s; its 400 steps now take 66 + 80 s.

@@ -327,7 +327,9 @@ def run(family: Family, work_dir: str, name: str,
   plan = stage_plan.Plan(
       timed, spec.sizes, stage_plan.recorded(results['preset'], DOCS_RESULTS),
       spec.budget_minutes and 60 * spec.budget_minutes, after=after,
-      background=background, concurrent=spec.concurrent)
+      background=background, concurrent=spec.concurrent,
+      steps={s.name: s.args['bindings']['train.num_steps'] for s in stages
+             if 'train.num_steps' in s.args.get('bindings', {})})
   print(f'realm-jax demo --preset={results["preset"]}: the plan\n'
         + '\n'.join(plan.lines()), flush=True)
   done = Stages(work_dir)
