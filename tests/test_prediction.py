@@ -148,17 +148,22 @@ def test_masked_lm_eval_with_and_without_retrieval(trained_pretraining,
 @pytest.mark.usefixtures('small_corpus_env')
 def test_a_kept_step_older_than_the_newest_index_is_scored_with_its_own(
     trained_pretraining, tmp_path):
-  """Scoring a run along its training: after the last step's index, the
-  first checkpoint's gets embedded and served, and the newer one stays."""
+  """Scoring a run along its training: with three indexes newer than its
+  first checkpoint and none of it, the first one's is embedded and served,
+  and the newer ones all stay."""
   model_dir = _copy(trained_pretraining, tmp_path)
+  index = run_directory.index_dir(model_dir)
   out = str(tmp_path / 'eval')
   last = masked_lm.evaluate(model_dir, out, 'last', batch_size=8,
                             max_queries=8)
+  assert (last['step'], last['index_step']) == (2, 2)
+  shutil.rmtree(os.path.join(index, '0'), ignore_errors=True)
+  for newer in ('3', '4'):  # As a builder publishing past it would leave.
+    shutil.copytree(os.path.join(index, '2'), os.path.join(index, newer))
   first = masked_lm.evaluate(model_dir, out, 'first', batch_size=8,
                              max_queries=8, step=0)
-  assert (last['step'], last['index_step']) == (2, 2)
   assert (first['step'], first['index_step']) == (0, 0)
-  assert {'0', '2'} <= set(os.listdir(run_directory.index_dir(model_dir)))
+  assert {'0', '2', '3', '4'} <= set(os.listdir(index))
 
 
 @pytest.mark.unit

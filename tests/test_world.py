@@ -159,6 +159,16 @@ def test_scorings_along_a_run_are_averaged_per_query_then_compared():
                          _scored([1] * 3, [1] * 3)])
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize('steps', [30, 2])
+def test_a_preset_not_scored_at_whole_quarters_is_refused(steps):
+  from realm_jax.experiments.presets import _world  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=f'pretrain_steps={steps} must be'):
+    _world.preset(SMALL, _world.Sizes(ict_steps=1, reader_steps=1,
+                                      pretrain_steps=steps,
+                                      refresh_interval=5))
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):

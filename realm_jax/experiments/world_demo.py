@@ -271,8 +271,11 @@ def finish(spec: preset_lib.Preset, work_dir: str, results: dict,
   """Each run's held-out curve, and the comparisons of their scores."""
   del qa_ran
   names = [s.args['run_dir'] for s in spec.stages if s.kind == 'realm']
-  along = sorted(map(int, results['held_out'].get('realm', {})
-                      .get('along', {})))
+  # The steps both REALM and the stale run were scored at.
+  held = results.get('held_out', {})
+  along = sorted(set.intersection(*(
+      {int(s) for s in held.get(n, {}).get('along', {})}
+      for n in ('realm', 'stale'))))
   return {'curves': {name: held_out_curve(os.path.join(work_dir, name))
                      for name in names},
           'comparisons': comparisons(world_spec(spec),

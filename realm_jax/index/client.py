@@ -95,13 +95,12 @@ class IndexClient:
       if loaded is not None:  # Swapped in, or vanished: look again later.
         return loaded
 
-  def serve(self, step: int) -> bool:
-    """Swaps in index `step` itself, not the newest: True if it is published
-    and whole (then kept: see `follow`)."""
-    if self.newest_step() is None or step not in run_directory.reload(
-        self._manager):
-      return False
-    return step == self.index_step or bool(self._load(step))
+  def serve(self, step: int) -> None:
+    """Swaps in index `step` itself, not the newest, if it is published and
+    whole (kept then: see `follow`)."""
+    if (step != self.index_step and self.newest_step() is not None
+        and step in run_directory.reload(self._manager)):
+      self._load(step)
 
   def refresh_for(self, step: int | None) -> bool:
     """Before retrieving with the parameters of `step` (updates done): the

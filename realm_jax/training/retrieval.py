@@ -80,14 +80,16 @@ class CandidateRetrieval:
     return partitioning.local_rows(embedded, self.mesh)
 
   def _publish(self, step: int, retriever_params) -> None:
-    """Publishes the index of `step`; one older than the newest is not
-    pruned on the spot (a manager keeps the newest steps)."""
+    """Publishes the index of `step`. One older than the newest is
+    published by a manager that prunes nothing (one that keeps the last 3
+    would delete a newer index for it); it stays beside them until a
+    publication that prunes."""
     index_dir = run_directory.index_dir(self.model_dir)
     log.info('embedding the corpus with the step-%d retriever into %s', step,
              index_dir)
     newest = self.client.newest_step()
-    unpruned = ({'max_to_keep': None} if newest is not None and step < newest
-                else {})
+    newest = distributed.agree(-1 if newest is None else newest)
+    unpruned = {'max_to_keep': None} if step < newest else {}
     try:
       publication.embed_and_publish(
           publication.index_manager(index_dir, **unpruned), step,
@@ -160,8 +162,8 @@ class CandidateRetrieval:
     (evaluating a retriever, not the stale index it trained with), and keeps
     it: a newer index published meanwhile is not swapped in. A step older
     than the newest index (a kept checkpoint scored after the run) is
-    served as well: its index is published beside the newer ones, pruned
-    by the next publication."""
+    served as well, its index published beside the newer ones (see
+    `_publish`)."""
     self.client.follow = False
     if not self.fetch:
       return
@@ -172,6 +174,7 @@ class CandidateRetrieval:
       self.client.serve(step)
     if distributed.agree(self.client.params_step != step):
       self._publish(step, retriever_params)
+    if self.client.params_step != step:  # Published now, or seen late here.
       self.client.serve(step)
     if self.client.params_step != step:
       raise RuntimeError(

@@ -66,10 +66,12 @@ def preset(spec: world.WorldSpec, sizes: Sizes) -> Preset:
   towers' control and the start, each scored on the held-out queries
   (with the ablations: the 30x stale index, and the edit check)."""
   along = sizes.pretrain_steps // ALONG
-  if along % sizes.refresh_interval:
-    raise ValueError(f'A quarter of pretrain_steps={sizes.pretrain_steps} '
-                     'is no multiple of the checkpoints\' refresh_interval='
-                     f'{sizes.refresh_interval}.')
+  if not along or along * ALONG != sizes.pretrain_steps or (
+      along % sizes.refresh_interval):
+    raise ValueError(f'pretrain_steps={sizes.pretrain_steps} must be a '
+                     f'positive multiple of {ALONG} x the checkpoints\' '
+                     f'refresh_interval={sizes.refresh_interval}: REALM is '
+                     'scored at each quarter of its training.')
   kept, kept_runs = {'train.keep_every': along}, ('realm', 'stale')
   runs = {'realm': realm('realm', sizes, **kept),
           'baseline': realm('baseline', sizes, None,
