@@ -86,6 +86,50 @@ def test_a_query_masks_its_value_and_names_its_document(tokenizer):
 
 
 @pytest.mark.unit
+def test_the_world_vocabulary_tokenizes_every_text_as_bert_does(tokenizer,
+                                                                tmp_path):
+  """Every document (edited ones too) and query of a world, of every
+  attribute and both phrasings, reads as the same wordpieces in the world's
+  512 as in BERT's 30,522; the special tokens keep their roles."""
+  own = WordPieceTokenizer(world.write_vocabulary(str(tmp_path / 'v.txt')))
+  assert own.vocab_size == world.VOCAB_SIZE
+  assert (own.pad_id, own.first_regular_id) == (0, 5)
+  the_world = world.World(dataclasses.replace(
+      SMALL, attributes=tuple(world.VALUES), values=20, first_names=240,
+      last_names=240, people=100, edited=20))
+  people = {p.name: p for p in the_world.people}
+  texts = [f'{d["title"]} {d["text"]}' for d in the_world.documents()]
+  texts += [f'{d["title"]} {d["text"]}' for d in (
+      the_world.document(people[n], {**people[n].facts, **facts})
+      for n, facts in the_world.edits().items())]
+  texts += [q.text for split in world.SPLITS
+            for q in the_world.queries(split)]
+  # Every name part and value, whichever people a seed draws.
+  texts += [f'{s}{e} {v}' for s in world.NAME_STARTS for e in world.NAME_ENDS
+            for v in ('paris', '1931')]
+  texts += [v for values in world.VALUES.values() for v in values]
+  spelled = lambda t, ids: [t.vocab[i] for i in ids]
+  for text in texts:
+    assert (spelled(own, own.encode([text])[0])
+            == spelled(tokenizer, tokenizer.encode([text])[0])), text
+  with pytest.raises(errors.BadInput, match="'Zebras play.' has wordpieces"):
+    world.check_covered(own, ['The city of Paris.', 'Zebras play.'])
+
+
+@pytest.mark.unit
+def test_a_model_smaller_than_the_vocabulary_is_refused(monkeypatch):
+  """The world's BERTs hold 512 wordpieces: read with BERT's vocabulary,
+  ids past 512 would be clamped silently."""
+  from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv(default_files.VOCAB_ENV, raising=False)
+  monkeypatch.chdir(REPO)
+  run_loader.configure(['gin/runs/pretrain.gin', 'gin/setups/world.gin'], [])
+  with pytest.raises(errors.BadConfig,
+                     match=r'vocab_size=512, .* has 30522 wordpieces'):
+    run_loader.configured_run()
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize('change, message', [
     ({'people': 5000}, 'exceeds the 2400 distinct names'),
     ({'values': 0}, 'values=0'),

@@ -102,8 +102,17 @@ def run(args) -> None:
     if 'attributes' in given:
       given['attributes'] = tuple(a for a in given['attributes'].split(',')
                                   if a)
-    made = world_demo.make_world(world.WorldSpec(**given))
-    print(f'{made["blocks"]:,} documents in {made["corpus_dir"]}')
+    spec = world.WorldSpec(**given)
+    spec.check()
+    # Its runs' BERTs embed the world's own vocabulary (world.VOCAB_SIZE).
+    vocab = os.environ.get(default_files.VOCAB_ENV) or world.write_vocabulary(
+        os.path.join(os.path.dirname(corpus.corpus_dir('world')),
+                     'world_vocab.txt'))
+    os.environ[default_files.VOCAB_ENV] = vocab
+    made = world_demo.make_world(spec)
+    print(f'{made["blocks"]:,} documents in {made["corpus_dir"]}, '
+          f'tokenized by {vocab}: export {default_files.VOCAB_ENV}={vocab} '
+          'for the commands that read them.')
   elif args.step == 'annotate':
     from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
     salient_spans.annotate_corpus(

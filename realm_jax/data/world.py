@@ -33,7 +33,7 @@ from etils import epath
 
 from realm_jax import default_files, errors
 from realm_jax.data import corpus, example_arrays, task_names
-from realm_jax.data.tokenization import WordPieceTokenizer
+from realm_jax.data.tokenization import SPECIAL_TOKENS, WordPieceTokenizer
 
 # Each value is one wordpiece of BERT's uncased vocabulary, so a masked fact
 # is one masked token (tests/test_world.py checks).
@@ -103,6 +103,16 @@ NAME_STARTS = ('mar tel vin bar fen tam bel dan el hal kal lin nor par sar '
 NAME_ENDS = ('bel dor gan lin mar nor ran sel tan vin wick ford ley ton '
              'den ric').split()
 SPLITS = ('train', 'held_out', 'no_document')
+# The world's own vocabulary: the wordpieces of BERT's uncased vocabulary
+# its text is made of (templates, values and every name part), the special
+# tokens first, padded with [unused] entries to VOCAB_SIZE
+# (gin/setups/world.gin's BertConfig.vocab_size). Each BERT then embeds and
+# predicts over 512 wordpieces, not 30,522 (the REALM step's vocabulary
+# work was a seventh of it on 2 CPU cores: docs/levers.md). WordPiece's
+# greedy longest match over a subset of BERT's vocabulary that holds every
+# piece it chose there chooses the same pieces: the text tokenizes as it
+# did, other ids.
+VOCAB_SIZE = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,6 +315,50 @@ def _names(rng, spec: WorldSpec) -> list[str]:
           for i in pairs[:count]]
 
 
+def _words() -> list[str]:
+  """Every word any world's text can hold: its templates, the values of
+  every attribute and every name part."""
+  templates = [t for family in (DOCUMENT_TEMPLATES, QUERY_TEMPLATES)
+               for phrasings in family.values() for t in phrasings]
+  return ([t.format(n='', v='', m='') for t in templates + [MENTION_TEMPLATE]]
+          + [v for values in VALUES.values() for v in values]
+          + [(s + e).capitalize() for s in NAME_STARTS for e in NAME_ENDS])
+
+
+def vocabulary(bert_vocab: str) -> list[str]:
+  """The world's VOCAB_SIZE wordpieces, drawn from `bert_vocab` (BERT's
+  uncased vocab.txt) in its order."""
+  bert = WordPieceTokenizer(bert_vocab)
+  used = {i for ids in bert.encode(_words()) for i in ids}
+  if bert.unk_id in used:
+    raise errors.BadInput(f'{bert_vocab} lacks wordpieces of the world\'s '
+                          'words (they tokenize to [UNK]).')
+  pieces = list(SPECIAL_TOKENS) + [bert.vocab[i] for i in sorted(used)]
+  if len(pieces) > VOCAB_SIZE:
+    raise errors.BadConfig(f'The world\'s text needs {len(pieces)} '
+                           f'wordpieces; VOCAB_SIZE is {VOCAB_SIZE}.')
+  return pieces + [f'[unused{i}]' for i in range(VOCAB_SIZE - len(pieces))]
+
+
+def write_vocabulary(path: str) -> str:
+  """The world's vocabulary at `path` (from the embedded default's BERT
+  vocabulary); returns `path`."""
+  epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
+  epath.Path(path).write_text(''.join(
+      f'{piece}\n' for piece in vocabulary(default_files.minilm_vocab())))
+  return path
+
+
+def check_covered(tokenizer: WordPieceTokenizer, texts) -> None:
+  """Refuses text with a word the tokenizer's vocabulary lacks: it would
+  read as [UNK], and a world written so answers nothing right."""
+  for text in texts:
+    if tokenizer.unk_id in tokenizer.encode([text])[0]:
+      raise errors.BadInput(
+          f'The world\'s text {text!r} has wordpieces that '
+          f'{tokenizer.vocab_path} lacks (they read as [UNK]).')
+
+
 # Task names of the world's query arrays beyond Pretrain's own
 # (task_names.pretrain(corpus, 'salient') and task_names.held_out(corpus)).
 def no_document_task(corpus_name: str) -> str:
@@ -322,6 +376,7 @@ def query_arrays(queries: list[Query], tokenizer: WordPieceTokenizer,
   wordpieces masked, their positions and targets, and `block_id` the
   person's own document (NULL -1 for none)."""
   out = []
+  check_covered(tokenizer, (q.text for q in queries))
   for query in queries:
     pieces = tokenizer.tokenize_with_offsets([query.text])[0]
     ids, masked = [tokenizer.cls_id], []
@@ -352,6 +407,8 @@ def write(world: World, corpus_name: str = 'world', query_length: int = 24,
   the held-out task hold the held-out people's) and the people without a
   document. Returns the corpus metadata."""
   tokenizer = WordPieceTokenizer(default_files.task_vocab())
+  check_covered(tokenizer, (f'{d["title"]} {d["text"]}'
+                            for d in world.documents()))
   directory = corpus.corpus_dir(corpus_name)
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, f'{corpus_name}.jsonl')

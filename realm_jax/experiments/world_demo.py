@@ -43,7 +43,7 @@ import tempfile
 import numpy as np
 from etils import epath
 
-from realm_jax import extras, repeats
+from realm_jax import default_files, extras, repeats
 from realm_jax.data import corpus, corpus_changes, example_arrays, world
 from realm_jax.evaluation import bootstrap, masked_lm
 from realm_jax.experiments import preset as preset_lib
@@ -195,6 +195,10 @@ def edit_check(spec: world.WorldSpec, model_dir: str, eval_dir: str
           json.dumps(the_world.document(people[n], {**people[n].facts,
                                                      **facts})) + '\n'
           for n, facts in edits.items()))
+      world.check_covered(tokenizer, (
+          f'{d["title"]} {d["text"]}' for d in (
+              the_world.document(people[n], {**people[n].facts, **facts})
+              for n, facts in edits.items())))
       _, removed = corpus_changes.remove_titles(staged, titles)
       _, added = corpus_changes.add_articles(staged, tokenizer, [articles])
   # None: synced before a kill.
@@ -258,10 +262,13 @@ KINDS = {
 
 
 def begin(spec: preset_lib.Preset, work_dir: str, options: dict) -> dict:
-  """The world's corpus and arrays live in the work_dir, not beside the
-  demo's (the index builder's process inherits these)."""
+  """The world's corpus, arrays and vocabulary (`world.VOCAB_SIZE`) live in
+  the work_dir, not beside the demo's (the index builder's process
+  inherits these)."""
   os.environ[corpus.CORPUS_ROOT_ENV] = os.path.join(work_dir, 'corpora')
   os.environ[example_arrays.ROOT_ENV] = os.path.join(work_dir, 'arrays')
+  os.environ[default_files.VOCAB_ENV] = world.write_vocabulary(
+      os.path.join(work_dir, 'vocab.txt'))
   return {'spec': dataclasses.asdict(world_spec(spec)),
           'refresh': 'lockstep' if options.get('lockstep') else 'async'}
 

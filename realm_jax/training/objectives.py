@@ -64,6 +64,10 @@ class Objective:
     del params
     return None
 
+  def bert_configs(self) -> tuple:
+    """The BertConfig of each BERT the objective trains."""
+    raise NotImplementedError
+
 
 class InverseCloze(Objective):
   """ICT: each pseudo-query against the batch's blocks (ORQA's warm start)."""
@@ -73,6 +77,9 @@ class InverseCloze(Objective):
     super().__init__()
     self.retriever = retriever
     self.query_length, self.block_length = query_length, block_length
+
+  def bert_configs(self):
+    return (self.retriever.config,)
 
   def init(self, rng):
     return {'retriever': self.retriever.init(rng, _ones(1, 8),
@@ -100,6 +107,9 @@ class _ReadsCandidates(Objective):
     self.model = model
     self.query_length, self.num_candidates = query_length, num_candidates
     self.block_length = block_length
+
+  def bert_configs(self):
+    return (self.model.retriever_config, self.model.reader_config)
 
   def init(self, rng):
     q, k = 8, 2

@@ -16,12 +16,12 @@ import os
 import gin
 from etils import epath
 
-from realm_jax import errors, run_directory
+from realm_jax import default_files, errors, run_directory
 from realm_jax.index import publication
 from realm_jax.input import configured as configured_input
 from realm_jax.input.seqio_source import SeqioSource
 from realm_jax.input.source import Source
-from realm_jax.training import trainer
+from realm_jax.training import step_inputs, trainer
 from realm_jax.training.run_kinds import RunKind
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -103,9 +103,24 @@ def configured_run() -> ConfiguredRun:
     raise errors.BadConfig('The gin config binds no ' + ', '.join(
         f'train.{name}' for name in missing) + '.')
   run = bound['run']
+  check_vocabulary(run)
   return ConfiguredRun(run, bound['batch_size'], bound['num_steps'],
                        bound.get('seed', 0),
                        reading(run, configured_input.configured_source()))
+
+
+def check_vocabulary(run: RunKind) -> None:
+  """Refuses BERTs whose embedding table is smaller than the tasks'
+  vocabulary: XLA clamps the id of a wordpiece past its end, silently."""
+  vocab_path = default_files.task_vocab()
+  size = step_inputs.task_tokenizer().vocab_size
+  small = sorted({c.vocab_size for c in run.objective.bert_configs()
+                  if c.vocab_size < size})
+  if small:
+    raise errors.BadConfig(
+        f'BertConfig.vocab_size={small[0]}, but the tasks\' vocabulary '
+        f'{vocab_path} has {size} wordpieces (${default_files.VOCAB_ENV} '
+        'names it; unset, BERT\'s uncased).')
 
 
 def reading(run: RunKind, source: Source) -> Source:
