@@ -191,14 +191,12 @@ def edit_check(spec: world.WorldSpec, model_dir: str, eval_dir: str
       titles, articles = (os.path.join(tmp, n) for n in ('titles.txt',
                                                          'edited.jsonl'))
       epath.Path(titles).write_text(''.join(f'{n}\n' for n in edits))
-      epath.Path(articles).write_text(''.join(
-          json.dumps(the_world.document(people[n], {**people[n].facts,
-                                                     **facts})) + '\n'
-          for n, facts in edits.items()))
-      world.check_covered(tokenizer, (
-          f'{d["title"]} {d["text"]}' for d in (
-              the_world.document(people[n], {**people[n].facts, **facts})
-              for n, facts in edits.items())))
+      edited = [the_world.document(people[n], {**people[n].facts, **facts})
+                for n, facts in edits.items()]
+      world.check_covered(tokenizer,
+                          (f'{d["title"]} {d["text"]}' for d in edited))
+      epath.Path(articles).write_text(''.join(json.dumps(d) + '\n'
+                                              for d in edited))
       _, removed = corpus_changes.remove_titles(staged, titles)
       _, added = corpus_changes.add_articles(staged, tokenizer, [articles])
   # None: synced before a kill.
