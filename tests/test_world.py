@@ -165,6 +165,8 @@ def test_the_command_refuses_an_impossible_world_in_one_line(tmp_path):
 def test_two_writes_give_the_same_corpus_fingerprint(tmp_path, monkeypatch):
   from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
   fingerprints = []
+  monkeypatch.setenv(default_files.VOCAB_ENV, world.write_vocabulary(
+      str(tmp_path / 'vocab.txt')))
   for attempt in ('a', 'b'):
     monkeypatch.setenv('REALM_CORPUS_DIR', str(tmp_path / attempt))
     monkeypatch.setenv('REALM_ARRAYS_DIR', str(tmp_path / attempt / 'arrays'))

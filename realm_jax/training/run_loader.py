@@ -112,14 +112,15 @@ def configured_run() -> ConfiguredRun:
 def check_vocabulary(run: RunKind) -> None:
   """Refuses BERTs whose embedding table is smaller than the tasks'
   vocabulary: XLA clamps the id of a wordpiece past its end, silently."""
-  vocab_path = default_files.task_vocab()
-  size = step_inputs.task_tokenizer().vocab_size
+  tokenizer = step_inputs.task_tokenizer()
+  size = tokenizer.vocab_size
   small = sorted({c.vocab_size for c in run.objective.bert_configs()
                   if c.vocab_size < size})
   if small:
     raise errors.BadConfig(
         f'BertConfig.vocab_size={small[0]}, but the tasks\' vocabulary '
-        f'{vocab_path} has {size} wordpieces (${default_files.VOCAB_ENV} '
+        f'{tokenizer.vocab_path} has {size} wordpieces '
+        f'(${default_files.VOCAB_ENV} '
         'names it; unset, BERT\'s uncased).')
 
 
