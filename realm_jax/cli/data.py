@@ -106,7 +106,7 @@ def run(args) -> None:
     spec.check()
     # Its runs' BERTs embed the world's own vocabulary (world.VOCAB_SIZE).
     vocab = os.environ.get(default_files.VOCAB_ENV) or world.write_vocabulary(
-        os.path.join(os.path.dirname(corpus.corpus_dir('world')),
+        os.path.join(os.path.dirname(corpus.corpus_dir(world_demo.CORPUS)),
                      'world_vocab.txt'))
     os.environ[default_files.VOCAB_ENV] = vocab
     made = world_demo.make_world(spec)
