@@ -215,6 +215,34 @@ def test_a_preset_not_scored_at_whole_quarters_is_refused(steps):
                                       refresh_interval=5))
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize('name', ['world', 'world_small', 'world_top3',
+                                  'world_warmup30'])
+def test_each_run_saves_what_its_builder_and_its_scoring_read(name):
+  """A run with an index builder saves its towers at every refresh step
+  (as a snapshot or a whole checkpoint), and a whole checkpoint at every
+  step scored along it; a run without one saves its last step alone."""
+  from realm_jax.experiments import preset as preset_lib  # pylint: disable=g-import-not-at-top
+  spec = preset_lib.load(name)
+  for stage in spec.stages:
+    if stage.kind != 'realm':
+      continue
+    bindings = stage.args['bindings']
+    steps, every = bindings['train.num_steps'], bindings[
+        'train.checkpoint_every']
+    saved = {s for s in range(1, steps + 1) if s % every == 0}
+    if stage.args['builder'] is None:
+      assert saved <= {steps}, stage.name
+      continue
+    snapshots = bindings.get('train.retriever_every')
+    saved |= {s for s in range(1, steps + 1)
+              if snapshots and s % snapshots == 0}
+    interval = stage.args['builder']['run_refresh.refresh_interval_steps']
+    assert set(range(interval, steps + 1, interval)) <= saved, stage.name
+    along = bindings.get('train.keep_every')
+    if along:
+      assert along % every == 0, stage.name
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):

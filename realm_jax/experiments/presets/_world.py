@@ -49,12 +49,19 @@ def realm(name: str, sizes: Sizes, stale_factor: int | None = 1,
   cadence = {'run_refresh.refresh_interval_steps': interval}
   builder = (None if stale_factor is None else
              {**cadence, 'run_refresh.stale_factor': stale_factor})
+  # The builder embeds the towers alone, saved every interval; whole
+  # checkpoints at the quarters (those scored along the run). Without it,
+  # the last alone: a whole checkpoint every 5 steps cost the frozen
+  # control a fifth of its stage (docs/levers.md).
+  saves = ({'train.retriever_every': interval,
+            'train.checkpoint_every': sizes.pretrain_steps // ALONG}
+           if builder else {'train.checkpoint_every': sizes.pretrain_steps})
   return Stage(f'pretrain_{name}', 'realm', {'run_dir': name, 'bindings': {
       'train.num_steps': sizes.pretrain_steps,
       'train.batch_size': sizes.batch_size, 'train.log_every': 1,
       'Pretrain.ict_model_dir': Dir('ict'),
       'Pretrain.reader_model_dir': Dir('reader'),
-      'train.checkpoint_every': interval, **cadence,
+      **saves, **cadence,
       'train.eval_every': sizes.eval_every, 'train.eval_batches': 8,
       'Pretrain.num_candidates': sizes.candidates,
       'bert_adamw.warmup_steps': sizes.warmup_steps, **bindings},
