@@ -3,6 +3,9 @@
 The two jobs share nothing but one model_dir:
   config.gin                the trainer's operative gin config (what
                             `load_run` rebuilds the run from);
+  vocabulary.json           the wordpiece vocabulary it was trained with
+                            (file, size, sha256), which every reader of
+                            the run must read too;
   trainer.lock, run_format.json
                             the trainer's lock and the layout its
                             checkpoints were written in (see `run_guard`);
@@ -59,6 +62,9 @@ from realm_jax import checksums
 from realm_jax.errors import ChecksumMismatch, DamagedStepError, NotFound
 
 CONFIG = 'config.gin'
+# The wordpiece vocabulary the run was trained with: its ids mean nothing
+# read with another (`step_inputs.check_trained_vocabulary`).
+VOCABULARY = 'vocabulary.json'
 # The layout a run's checkpoints were written in (`run_guard` checks it).
 FORMAT_FILE = 'run_format.json'
 # What a run directory written before run_format.json existed holds.
@@ -141,6 +147,10 @@ def absolute(model_dir: str) -> str:
 
 def config_path(model_dir: str) -> epath.Path:
   return epath.Path(model_dir) / CONFIG
+
+
+def vocabulary_path(model_dir: str) -> epath.Path:
+  return epath.Path(model_dir) / VOCABULARY
 
 
 def checkpoints_dir(model_dir: str) -> str:

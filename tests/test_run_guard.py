@@ -581,3 +581,34 @@ def test_a_full_disk_stops_the_run_naming_the_last_good_checkpoint(
   resumed.save(_state(2), 2, {'batches': 2})
   resumed.close()
   assert sorted(os.listdir(resumed.directory)) == ['1', '2']
+
+
+
+@pytest.mark.integration
+def test_a_run_read_with_another_vocabulary_is_refused(trained_pretraining,
+                                                       tmp_path, monkeypatch):
+  """The trainer records its vocabulary; a run read under another one, even
+  of the same size (BERT's with two wordpieces swapped: other ids), is
+  refused, naming both files and $REALM_VOCAB. A run that recorded none
+  (written before, or imported) is read as before."""
+  from realm_jax import default_files  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import run_loader, step_inputs  # pylint: disable=g-import-not-at-top
+  assert (step_inputs.check_trained_vocabulary(trained_pretraining)
+          == step_inputs.task_vocabulary())
+  with open(default_files.task_vocab(), encoding='utf-8') as f:
+    pieces = f.read().splitlines()
+  pieces[1000], pieces[1001] = pieces[1001], pieces[1000]
+  other = tmp_path / 'other_vocab.txt'
+  other.write_text('\n'.join(pieces) + '\n')
+  monkeypatch.setenv(default_files.VOCAB_ENV, str(other))
+  with pytest.raises(errors.BadConfig) as refused:
+    run_loader.load_run(trained_pretraining)
+  message = errors.message(refused.value)
+  assert str(other) in message and '$REALM_VOCAB' in message
+  assert run_directory.VOCABULARY in message
+  unrecorded = tmp_path / 'run'
+  unrecorded.mkdir()
+  for name in (run_directory.CONFIG, run_directory.FORMAT_FILE):
+    with open(os.path.join(trained_pretraining, name), encoding='utf-8') as f:
+      (unrecorded / name).write_text(f.read())
+  assert step_inputs.check_trained_vocabulary(str(unrecorded)) is None

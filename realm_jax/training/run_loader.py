@@ -172,6 +172,7 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
         f'{model_dir} is not a realm-jax training run: it has no '
         f'{run_directory.CONFIG}.', 'Give the --model_dir of a run that '
         '`realm-jax train` wrote (or `realm-jax import` made).')
+  step_inputs.check_trained_vocabulary(model_dir)
   gin.clear_config()
   gin.parse_config(config.read_text(), skip_unknown=True)
   parse_gin(gin_files, gin_bindings, skip_unknown=True, finalize=False)

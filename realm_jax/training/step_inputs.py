@@ -11,6 +11,7 @@ the index builder: the first index, and the TRAINING_DONE marker.
 """
 
 import functools
+import json
 
 import numpy as np
 
@@ -40,6 +41,47 @@ def task_tokenizer() -> WordPieceTokenizer:
 @functools.cache
 def _tokenizer(vocab_path: str) -> WordPieceTokenizer:
   return WordPieceTokenizer(vocab_path)
+
+
+def task_vocabulary() -> dict:
+  """The tasks' vocabulary as a run records it: its file, its size and the
+  hash of its wordpieces (what their ids mean)."""
+  path = default_files.task_vocab()
+  return {'file': path, 'wordpieces': task_tokenizer().vocab_size,
+          'sha256': corpus.vocab_hash(path)}
+
+
+def check_trained_vocabulary(model_dir: str) -> dict | None:
+  """Refuses a run trained with another vocabulary than the tasks' (a
+  model's wordpiece ids read under other pieces answer garbage, without an
+  error). Returns what the run recorded; None for a run written before it
+  recorded one (or imported)."""
+  path = run_directory.vocabulary_path(model_dir)
+  if not path.exists():
+    return None
+  try:
+    trained = json.loads(path.read_text())
+    recorded = trained['sha256']
+  except (ValueError, KeyError, TypeError) as error:
+    raise errors.BadInput(f'{path}: not a vocabulary record ({error}).'
+                          ) from error
+  here = task_vocabulary()
+  if here['sha256'] != recorded:
+    raise errors.BadConfig(
+        f'{model_dir} was trained with the vocabulary {trained.get("file")} '
+        f'({trained.get("wordpieces")} wordpieces, sha256 {recorded[:12]}), '
+        f'but this command reads {here["file"]} ({here["wordpieces"]} '
+        f'wordpieces, sha256 {here["sha256"][:12]}): set '
+        f'${default_files.VOCAB_ENV} to the run\'s vocabulary ({path}).')
+  return trained
+
+
+def record_vocabulary(model_dir: str) -> None:
+  """Writes the tasks' vocabulary beside a run's config, or refuses a run
+  trained with another (`check_trained_vocabulary`)."""
+  if check_trained_vocabulary(model_dir) is None:
+    run_directory.vocabulary_path(model_dir).write_text(
+        json.dumps(task_vocabulary(), indent=2))
 
 
 def corpus_retrieval(model_dir: str, mesh, retriever, tokenizer,

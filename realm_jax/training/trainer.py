@@ -29,7 +29,7 @@ from realm_jax.models import target
 from realm_jax.progress import Progress
 from realm_jax.input.source import Source
 from realm_jax.training import optimizer, partitioning
-from realm_jax.training.step_inputs import InputPreparer
+from realm_jax.training.step_inputs import InputPreparer, record_vocabulary
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.curves import plot_curves
 from realm_jax.training.metric_writer import (create_writer, drop_rows_after,
@@ -347,6 +347,8 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
                 _remove_if_refused(model_dir, error))
     held.enter_context(run_guard.TrainerLock(model_dir))
     run_guard.check_format(model_dir)
+    if jax.process_index() == 0:
+      record_vocabulary(model_dir)
     mesh = partitioning.make_mesh()
     trainer = Trainer(run.objective, mesh, num_steps, seed)
     preparer = run.input_preparer(model_dir, mesh)
