@@ -583,7 +583,6 @@ def test_a_full_disk_stops_the_run_naming_the_last_good_checkpoint(
   assert sorted(os.listdir(resumed.directory)) == ['1', '2']
 
 
-
 @pytest.mark.integration
 def test_a_run_read_with_another_vocabulary_is_refused(trained_pretraining,
                                                        tmp_path, monkeypatch):

@@ -243,6 +243,7 @@ def test_each_run_saves_what_its_builder_and_its_scoring_read(name):
     if along:
       assert along % every == 0, stage.name
 
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_realm_learns_to_retrieve_and_fill_in_a_small_world(tmp_path):

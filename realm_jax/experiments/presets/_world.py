@@ -52,7 +52,7 @@ def realm(name: str, sizes: Sizes, stale_factor: int | None = 1,
   # The builder embeds the towers alone, saved every interval; whole
   # checkpoints at the quarters (those scored along the run). Without it,
   # the last alone: a whole checkpoint every 5 steps cost the frozen
-  # control a fifth of its stage (docs/levers.md).
+  # control a sixth of its stage (docs/levers.md).
   saves = ({'train.retriever_every': interval,
             'train.checkpoint_every': sizes.pretrain_steps // ALONG}
            if builder else {'train.checkpoint_every': sizes.pretrain_steps})
