@@ -110,23 +110,31 @@ def test_attention_in_chunks_equals_one_shot_with_gradients(chunk):
 def test_attention_chunk_of_the_config_picks_the_loop_or_the_one_shot_form(
     tiny_config):
   """0 compiles no loop even on CPU (what `aot` compiles for accelerators);
-  the CPU default loops; both give the same encoder output."""
+  the CPU default loops in a forward pass alone and not in training, whose
+  backward pass the loop slows; all give the same encoder output."""
   inputs = _inputs(tiny_config)
-  # Unrolled layers: the only loop left is attention's.
-  unrolled = dataclasses.replace(tiny_config, scan_layers=False)
+  # Unrolled layers, no dropout: the only loop left is attention's, and
+  # training's output is the forward pass's.
+  unrolled = dataclasses.replace(tiny_config, scan_layers=False,
+                                 dropout_rate=0.0, attention_dropout_rate=0.0)
   variables = _init(unrolled, inputs)
 
-  def encode(config):
-    return lambda params: Bert(config).apply({'params': params},
-                                             *inputs).sequence_output
+  def encode(config, deterministic):
+    return lambda params: Bert(config).apply(
+        {'params': params}, *inputs, deterministic=deterministic
+    ).sequence_output
 
-  outputs = {}
-  for chunk, loops in ((0, False), (None, True)):
+  outputs = []
+  for chunk, deterministic, loops in ((0, True, False), (None, True, True),
+                                      (None, False, False),
+                                      (2, False, True)):
     config = dataclasses.replace(unrolled, attention_chunk=chunk)
-    jaxpr = str(jax.make_jaxpr(encode(config))(variables['params']))
-    assert ('scan' in jaxpr) == loops, chunk
-    outputs[chunk] = encode(config)(variables['params'])
-  np.testing.assert_allclose(outputs[None], outputs[0], atol=1e-5)
+    jaxpr = str(jax.make_jaxpr(encode(config, deterministic))(
+        variables['params']))
+    assert ('scan' in jaxpr) == loops, (chunk, deterministic)
+    outputs.append(encode(config, deterministic)(variables['params']))
+  for output in outputs[1:]:
+    np.testing.assert_allclose(output, outputs[0], atol=1e-5)
 
 
 def _loss(config, inputs):

@@ -1,10 +1,12 @@
 """Scaled dot-product attention, one function with a kernel per target.
 
-- CPU: XLA's form, a `chunk` of sequences at a time: XLA:CPU writes the
-  whole [batch, heads, length, length] score tensor to memory before the
-  softmax reads it back, and a loop over pairs of sequences keeps each
-  pair's scores in cache (MiniLM at 288 wordpieces runs 1.8x faster,
-  docs/benchmarks.md).
+- CPU: XLA's form. In the forward passes alone (evaluation, embedding,
+  serving) a `chunk` of sequences at a time: XLA:CPU writes the whole
+  [batch, heads, length, length] score tensor to memory before the softmax
+  reads it back, and a loop over pairs of sequences keeps each pair's
+  scores in cache (MiniLM at 288 wordpieces runs 1.8x faster,
+  docs/benchmarks.md). Training takes the one-shot form: the loop's
+  backward pass costs more than the cache saves (docs/levers.md).
 - GPU: cuDNN's fused attention (`jax.nn.dot_product_attention`), which
   never writes the scores to memory and keeps only the output and the
   softmax statistics for the backward pass.
@@ -157,12 +159,14 @@ def _say_once(platform: str, fused: str) -> None:
 
 
 def attend(query, key, value, input_mask, dtype, dropout=None,
-           chunk: int | None = None, implementation: str | None = None):
+           chunk: int | None = None, implementation: str | None = None,
+           training: bool = False):
   """Self-attention of [batch, length, heads, head_dim] queries over the
   unpadded keys (`input_mask` [batch, length], 1 on real tokens, right-
   padded), in compute dtype `dtype`. `dropout` (a callable on the
   probabilities) is applied by XLA's form only; `chunk` is the sequences
-  XLA's form attends at a time (None: 2 on CPU, all elsewhere)."""
+  XLA's form attends at a time (None: 2 on CPU outside `training`, all
+  elsewhere)."""
   kernel = choose(implementation, dtype, dropout is not None)
   platform = target.target_platform()
   # Asked for on a target that cannot run it, a fused kernel runs in its
@@ -175,7 +179,7 @@ def attend(query, key, value, input_mask, dtype, dropout=None,
     return _splash(query, key, value, input_mask, dtype,
                    interpret=platform != 'tpu')
   if chunk is None:
-    chunk = 2 if platform == 'cpu' else 0
+    chunk = 2 if platform == 'cpu' and not training else 0
   if dropout is not None or not chunk:
     return reference(query, key, value, input_mask, dtype, dropout)
   return _chunked(query, key, value, input_mask, dtype, chunk)

@@ -90,7 +90,8 @@ class BertConfig:
     hidden_act: 'gelu' (exact, erf) or 'gelu_new' (the tanh approximation of
       Google's original BERT code, which the released REALM models use).
     attention_chunk: sequences XLA's attention takes at a time on CPU
-      (models/attention.py); None: 2 on CPU, all at once elsewhere.
+      (models/attention.py); None: 2 in CPU forward passes, all at once
+      in training and elsewhere.
     attention_implementation: 'xla', 'cudnn' (GPUs) or 'splash' (TPUs), or
       None: the target's fused kernel, unless attention dropout is active
       (the fused kernels drop no probabilities), else XLA's form.
@@ -267,7 +268,8 @@ class SelfAttention(nn.Module):
       dropout = functools.partial(nn.Dropout(c.attention_dropout_rate),
                                   deterministic=False)
     context = attend(query, key, value, input_mask, c.dtype, dropout,
-                     c.attention_chunk, c.attention_implementation)
+                     c.attention_chunk, c.attention_implementation,
+                     training=not deterministic)
     context = nn.with_logical_constraint(context, activation_names)
     out = dense(c, c.hidden_size, ('heads', 'kv', 'embed'), 'out',
                 in_axes=2)(context)
