@@ -17,8 +17,10 @@ step (compile included) reported apart from the median step; batch 8 again
 from the persistent compilation cache, and with the layers unrolled.
 """
 
+import contextlib
 import os
 import statistics
+import tempfile
 import time
 
 import gin
@@ -48,7 +50,8 @@ def _inputs(abstract: dict, vocab_size: int, query_length: int, seed: int = 0):
       return np.zeros(spec.shape, spec.dtype)
     if name == 'mlm_positions':
       return rng.integers(1, query_length - 1, spec.shape).astype(spec.dtype)
-    return rng.integers(1000, vocab_size, spec.shape).astype(spec.dtype)
+    return rng.integers(min(1000, vocab_size // 2), vocab_size,
+                        spec.shape).astype(spec.dtype)
   return jax.tree_util.tree_map_with_path(fill, abstract)
 
 
@@ -83,6 +86,45 @@ DEMO_BINDINGS = ('BertConfig.num_layers = 2', 'Pretrain.num_candidates = 4',
                  'Pretrain.query_length = 48', 'Pretrain.max_masked = 10',
                  'Pretrain.block_length = 64',
                  'build_realm.reader_length = 112')
+
+
+# The controlled world's REALM step (gin/setups/world.gin, the candidates
+# of presets/_world.py), what its preset spends most of its minutes on.
+WORLD_SETUP = os.path.join(GIN_DIR, 'setups/world.gin')
+WORLD_BINDINGS = ('Pretrain.num_candidates = 8',)
+WORLD_BATCH = 16
+
+
+@contextlib.contextmanager
+def world_vocabulary():
+  """$REALM_VOCAB naming the world's own wordpieces while entered (its
+  runs check their vocabulary against BertConfig.vocab_size)."""
+  from realm_jax import default_files  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import world  # pylint: disable=g-import-not-at-top
+  before = os.environ.get(default_files.VOCAB_ENV)
+  with tempfile.TemporaryDirectory() as tmp:
+    os.environ[default_files.VOCAB_ENV] = world.write_vocabulary(
+        os.path.join(tmp, 'vocab.txt'))
+    try:
+      yield
+    finally:
+      if before is None:
+        del os.environ[default_files.VOCAB_ENV]
+      else:
+        os.environ[default_files.VOCAB_ENV] = before
+
+
+def world_rows(steps: int = 20) -> list[dict]:
+  """REALM's step, the frozen towers' and the baseline's (the null
+  document alone) in the world, each `steps` times after its compile."""
+  controls = {'pretrain (world)': (),
+              'pretrain (world, frozen towers)': (
+                  'Pretrain.train_retriever = False',),
+              'pretrain (world, baseline)': ('Pretrain.num_candidates = 1',)}
+  with world_vocabulary():
+    return [measure('pretrain', 'tiny', WORLD_BATCH, steps, 'float32',
+                    WORLD_BINDINGS + bindings, label, setups=(WORLD_SETUP,))
+            for label, bindings in controls.items()]
 
 
 # The gin setup of each accelerator platform, layered after the run and the
@@ -272,7 +314,8 @@ def run(options) -> list[dict]:
              {'tiny': 64, 'minilm-l6': 32, 'bert-base': 8})
   rows = [measure(r, model, batch * (16 if r == 'ict' else 1), 3, dtype)
           for model, batch in batches.items() for r in ('pretrain', 'ict')]
-  if on_cpu:  # The step `make demo` spends its pre-training minutes on.
+  if on_cpu:  # The steps `make demo` and the world spend their minutes on.
     rows.append(measure('pretrain', 'minilm-l6', 8, 5, dtype, DEMO_BINDINGS,
                         label='pretrain (demo)'))
+    rows += world_rows()
   return rows

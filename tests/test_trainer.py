@@ -111,6 +111,42 @@ def test_a_frozen_retriever_keeps_its_start_and_costs_no_backward_pass(
   assert flops[False] < 0.9 * flops[True], flops
 
 
+def test_frozen_towers_score_by_the_index_as_their_document_tower_would(
+    tmp_path):
+  """A frozen retriever's inputs carry its candidates' rows of the index
+  (the null document's embedded apart), and what it computes from them is
+  what the document tower gives: the same p(z|x) and likelihoods."""
+  bind_tiny()
+  run = run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir='',
+                           train_retriever=False)
+  trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
+  params = trainer.initial_state().params
+  # Towers that tell blocks apart (at their start every block embeds
+  # alike): their weights perturbed before the index is built.
+  leaves, tree = jax.tree.flatten(params['retriever'])
+  keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
+  params = {**params, 'retriever': jax.tree.unflatten(tree, [
+      x + 0.2 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])}
+  preparer = run.input_preparer(str(tmp_path), trainer.mesh)
+  preparer.start(params, 0)
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 8))
+  inputs, _ = preparer.prepare(examples, params, 0)
+  assert inputs['candidate_embeddings'].shape == (
+      8, 4, run.objective.model.projection_size)
+  afresh = {k: v for k, v in inputs.items() if k != 'candidate_embeddings'}
+  scores = jax.jit(lambda params, x: run.objective._outputs(  # pylint: disable=protected-access
+      params, x, jax.random.PRNGKey(0), True)[0])
+  got, want = (jax.device_get(scores(params, x)) for x in (inputs, afresh))
+  assert np.ptp(want, axis=1).min() > 1e-2  # Candidates told apart.
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  per_example = jax.jit(run.objective.per_example)
+  got, want = (jax.device_get(per_example(params, x))
+               for x in (inputs, afresh))
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5,
+                               err_msg=name)
+
+
 def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
   bind_tiny()
   run = run_kinds.Pretrain(num_candidates=1, query_length=32, bert_dir='',

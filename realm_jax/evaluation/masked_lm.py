@@ -88,6 +88,10 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
   preparer = run.input_preparer(restored.model_dir, restored.mesh)
   preparer.retrieval.index_at(restored.step, restored.params['retriever'])
   preparer.keep_candidate_ids = True
+  # The index of this step's towers holds the candidates' embeddings (the
+  # exact searcher keeps them): the document tower is not run again.
+  preparer.index_embeddings = bool(
+      preparer.retrieval.fetch) and preparer.retrieval.client.keeps_embeddings
   per_example = jax.jit(run.objective.per_example)
   rows = []
   task = task or task_names.held_out(run.corpus_name)

@@ -183,6 +183,11 @@ class IndexClient:
                             f'{run_directory.index_dir(self.model_dir)} yet.')
     return self.searcher.dispatch(query_embeddings, k, exclude_ids)
 
+  @property
+  def keeps_embeddings(self) -> bool:
+    """Whether `document_embeddings` can answer: the exact searcher's."""
+    return self.searcher_kind == 'exact'
+
   def document_embeddings(self, ids):
     """[..., D] stored embeddings of block ids (the frozen Embed_doc(z) that
     fine-tuning reads); needs the exact searcher, which holds them."""

@@ -69,19 +69,34 @@ class Realm(nn.Module):
     return join_query_and_blocks(query, candidates, self.reader_length,
                                  self.include_title)
 
-  def pretrain(self, query, candidates, mlm_positions, deterministic=True):
+  def pretrain(self, query, candidates, mlm_positions, deterministic=True,
+               candidate_embeddings=None):
     """Masked LM: (f(x, z) / tau [batch, k], logits [batch, k, M, vocab]).
 
     With one candidate (the null document alone: the no-retrieval baseline)
     p(z|x) = 1 whatever f(x, z) is, so the towers are skipped and f is 0.
+    `candidate_embeddings` [batch, k, D]: the candidates' embeddings as the
+    index holds them, when the document tower that embedded them is the
+    one scored (frozen towers, or a step scored with its own index); None
+    embeds them afresh.
     """
     if candidates['token_ids'].shape[1] == 1:
       scores = jnp.zeros(candidates['token_ids'].shape[:2], jnp.float32)
     else:
-      scores = self.relevance(query, candidates, deterministic)
+      scores = self._scores(query, candidates, candidate_embeddings,
+                            deterministic)
     logits = self.reader.masked_lm_logits(
         self.reader_inputs(query, candidates), mlm_positions, deterministic)
     return scores, logits
+
+  def _scores(self, query, candidates, candidate_embeddings, deterministic):
+    """f(x, z) / tau: of the embeddings given, else of the candidates
+    embedded afresh."""
+    if candidate_embeddings is None:
+      return self.relevance(query, candidates, deterministic)
+    return relevance(self.retriever.embed_query(
+        query['token_ids'], query['input_mask'], query['token_type_ids'],
+        deterministic), candidate_embeddings) / self.retrieval_temperature
 
   def read_spans(self, query, candidates, candidate_embeddings=None,
                  deterministic=True):
@@ -96,12 +111,8 @@ class Realm(nn.Module):
     that it trains too (end-to-end fine-tuning: EMDR2, Atlas).
     """
     inputs = self.reader_inputs(query, candidates)
-    if candidate_embeddings is None:
-      scores = self.relevance(query, candidates, deterministic)
-    else:
-      scores = relevance(self.retriever.embed_query(
-          query['token_ids'], query['input_mask'], query['token_type_ids'],
-          deterministic), candidate_embeddings) / self.retrieval_temperature
+    scores = self._scores(query, candidates, candidate_embeddings,
+                          deterministic)
     return scores, self.reader.span_logits(inputs, deterministic), inputs
 
   def __call__(self, query, candidates, mlm_positions, deterministic=True):

@@ -132,7 +132,10 @@ class MarginalMaskedLm(_ReadsCandidates):
     null_score_offset: None scores the null document by the document
       tower, as the paper does; a number d scores it max_z f(x, z) - d (see
       `losses.null_score_below_best`).
-    train_retriever: False keeps both towers at their start (`frozen`).
+    train_retriever: False keeps both towers at their start (`frozen`),
+      and scores the candidates by their embeddings in the index those
+      towers embedded (`reads_index_embeddings`), as fine-tuning does: the
+      document tower is not run at all.
   """
 
   def __init__(self, model: Realm, query_length: int, max_masked: int,
@@ -152,16 +155,26 @@ class MarginalMaskedLm(_ReadsCandidates):
     return {name: jax.tree.map(lambda _, n=name: n == 'retriever', tree)
             for name, tree in params.items()}
 
+  @property
+  def reads_index_embeddings(self) -> bool:
+    """Whether the inputs carry 'candidate_embeddings' [batch, k, D]: the
+    candidates' rows of the index, the null document's embedded apart."""
+    return not self.train_retriever and self.num_candidates > 1
+
   def abstract_inputs(self, batch_size, block_length):
     masked = (batch_size, self.max_masked)
+    embeddings = ({'candidate_embeddings': _abstract(
+        (batch_size, self.num_candidates, self.model.projection_size),
+        jnp.float32)} if self.reads_index_embeddings else {})
     return {**self._abstract_candidates(batch_size, block_length),
-            'mlm_positions': _abstract(masked),
+            **embeddings, 'mlm_positions': _abstract(masked),
             'mlm_targets': _abstract(masked), 'mlm_mask': _abstract(masked)}
 
   def _outputs(self, params, inputs, rng, deterministic):
     scores, logits = self.model.apply(
         {'params': params}, inputs['query'], inputs['candidates'],
-        inputs['mlm_positions'], deterministic, rngs={'dropout': rng},
+        inputs['mlm_positions'], deterministic,
+        inputs.get('candidate_embeddings'), rngs={'dropout': rng},
         method='pretrain')
     if self.null_score_offset is not None and scores.shape[1] > 1:
       scores = losses.null_score_below_best(scores, inputs['candidate_mask'],

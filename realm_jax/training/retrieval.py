@@ -72,6 +72,25 @@ class CandidateRetrieval:
             {'params': params}, query['token_ids'], query['input_mask'],
             query['token_type_ids'], method='embed_query'),
         in_shardings=(None, data), out_shardings=data)
+    self._null_embedding = None  # (index step, [D]): see candidate_embeddings.
+
+  def candidate_embeddings(self, ids, retriever_params) -> np.ndarray:
+    """[B, k, D] the served index's rows of block ids [B, k], the null
+    document's (NULL_DOCUMENT_ID) embedded by the document tower of
+    `retriever_params`: the embeddings that tower gives them, where it is
+    the one that embedded the index (frozen towers; a step scored with its
+    own index)."""
+    step = self.client.index_step
+    if self._null_embedding is None or self._null_embedding[0] != step:
+      keys = ('token_ids', 'input_mask', 'token_type_ids')
+      null = self.retriever.apply(
+          {'params': retriever_params}, *(self.null[k][None] for k in keys),
+          method='embed_documents')
+      self._null_embedding = (step, np.asarray(null[0], np.float32))
+    ids = np.asarray(ids)
+    return np.where((ids == NULL_DOCUMENT_ID)[..., None],
+                    self._null_embedding[1],
+                    self.client.document_embeddings(ids))
 
   def query_embeddings(self, retriever_params, query: dict) -> np.ndarray:
     """This process's rows of the queries' embeddings, on the devices."""

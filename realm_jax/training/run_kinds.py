@@ -137,7 +137,9 @@ class Pretrain(RunKind):
       reading nothing when the blocks do not help. Not the paper's.
     train_retriever: False keeps both towers at their start, and computes
       no gradient for them: the control of a REALM run (the same run with
-      its retriever frozen). `bert_adamw.retriever_frozen_steps` holds
+      its retriever frozen). Its candidates are scored by their rows of
+      the index those towers embedded (the exact searcher keeps them), so
+      the document tower does not run. `bert_adamw.retriever_frozen_steps` holds
       them for a while instead, their gradient computed and dropped.
   """
 

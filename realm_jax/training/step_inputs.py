@@ -177,6 +177,9 @@ class MaskedLmInputs(_RetrievingInputs):
   metrics hold `source_block_top1`, the share of the batch whose first
   retrieved block is that one. `keep_candidate_ids` adds each query's
   candidate ids [B, k] to the inputs as 'candidate_ids' (for evaluation).
+  The candidates' embeddings in the index come as 'candidate_embeddings'
+  where the objective reads them (frozen towers) or `index_embeddings` is
+  set (a step scored with the index its own towers embedded).
   """
 
   def __init__(self, model_dir: str, mesh, objective: MarginalMaskedLm,
@@ -187,6 +190,12 @@ class MaskedLmInputs(_RetrievingInputs):
     self.source_block_rate = source_block_rate
     self.null_document, self.exclude_source = null_document, exclude_source
     self.keep_candidate_ids = False
+    self.index_embeddings = objective.reads_index_embeddings
+    if self.index_embeddings and not self.retrieval.client.keeps_embeddings:
+      raise errors.BadConfig(
+          'Pretrain.train_retriever = False scores the candidates by the '
+          "index's document embeddings, which only the exact searcher "
+          "keeps: bind IndexClient.searcher = 'exact'.")
 
   def dispatch_prepare(self, examples, params, step):
     query = self.query(examples)
@@ -224,6 +233,9 @@ class MaskedLmInputs(_RetrievingInputs):
                 'mlm_mask': (targets != 0).astype(np.int32)}
       if self.keep_candidate_ids:
         inputs['candidate_ids'] = np.asarray(ids)
+      if self.index_embeddings and ids.shape[1] > 1:
+        inputs['candidate_embeddings'] = self.retrieval.candidate_embeddings(
+            ids, params['retriever'])
       return inputs, host_metrics
     return host_part
 
@@ -267,7 +279,7 @@ class OpenQaInputs(_RetrievingInputs):
                      null_document_first=False, exclude_source=False,
                      refreshed=objective.train_document_tower)
     self.objective = objective
-    if self.retrieval.client.searcher_kind != 'exact':
+    if not self.retrieval.client.keeps_embeddings:
       raise errors.BadConfig(
           "Fine-tuning reads the index's document embeddings, which only the "
           "exact searcher keeps: bind IndexClient.searcher = 'exact'.")
