@@ -139,8 +139,8 @@ class Pretrain(RunKind):
       no gradient for them: the control of a REALM run (the same run with
       its retriever frozen). Its candidates are scored by their rows of
       the index those towers embedded (the exact searcher keeps them), so
-      the document tower does not run. `bert_adamw.retriever_frozen_steps` holds
-      them for a while instead, their gradient computed and dropped.
+      the document tower does not run. `bert_adamw.retriever_frozen_steps`
+      holds them for a while instead, their gradient computed and dropped.
   """
 
   def __init__(self, corpus_name: str = 'wiki_leads', masking: str = 'salient',
