@@ -22,6 +22,7 @@ import os
 import statistics
 import tempfile
 import time
+from unittest import mock
 
 import gin
 import jax
@@ -101,17 +102,10 @@ def world_vocabulary():
   runs check their vocabulary against BertConfig.vocab_size)."""
   from realm_jax import default_files  # pylint: disable=g-import-not-at-top
   from realm_jax.data import world  # pylint: disable=g-import-not-at-top
-  before = os.environ.get(default_files.VOCAB_ENV)
-  with tempfile.TemporaryDirectory() as tmp:
-    os.environ[default_files.VOCAB_ENV] = world.write_vocabulary(
-        os.path.join(tmp, 'vocab.txt'))
-    try:
-      yield
-    finally:
-      if before is None:
-        del os.environ[default_files.VOCAB_ENV]
-      else:
-        os.environ[default_files.VOCAB_ENV] = before
+  with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ, {
+      default_files.VOCAB_ENV: world.write_vocabulary(
+          os.path.join(tmp, 'vocab.txt'))}):
+    yield
 
 
 def world_rows(steps: int = 20) -> list[dict]:
