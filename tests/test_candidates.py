@@ -10,11 +10,15 @@ from realm_jax.models.candidates import NULL_DOCUMENT_ID as NULL
 pytestmark = pytest.mark.unit
 
 
-def test_null_first_trivial_and_duplicates_dropped_then_padded():
+@pytest.mark.parametrize('xp', [np, jnp], ids=['host', 'device'])
+def test_null_first_trivial_and_duplicates_dropped_then_padded(xp):
   retrieved = np.array([[7, 3, 7, 9, 4],     # 3 is the query's source block.
                         [5, 5, 5, -1, -1],   # Duplicates and padding.
                         [-1, -1, -1, -1, -1]])  # Retrieval found nothing.
-  ids, mask = candidates.select_candidates(retrieved, np.array([3, -1, 2]), 4)
+  ids, mask = candidates.select_candidates(retrieved, np.array([3, -1, 2]), 4,
+                                           xp)
+  # On the host, numpy: nothing queued on a device behind the train step.
+  assert isinstance(ids, np.ndarray) == (xp is np)
   np.testing.assert_array_equal(ids, [[NULL, 7, 9, 4],
                                       [NULL, 5, NULL, NULL],
                                       [NULL, NULL, NULL, NULL]])
@@ -22,8 +26,10 @@ def test_null_first_trivial_and_duplicates_dropped_then_padded():
                                        [1, 0, 0, 0]])
 
 
-def test_too_few_retrieved_are_padded():
-  ids, mask = candidates.select_candidates(np.array([[4]]), np.array([-1]), 3)
+@pytest.mark.parametrize('xp', [np, jnp], ids=['host', 'device'])
+def test_too_few_retrieved_are_padded(xp):
+  ids, mask = candidates.select_candidates(np.array([[4]]), np.array([-1]), 3,
+                                           xp)
   np.testing.assert_array_equal(ids, [[NULL, 4, NULL]])
   np.testing.assert_array_equal(mask, [[1, 1, 0]])
 

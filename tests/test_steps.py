@@ -151,6 +151,34 @@ def test_the_builder_survives_a_checkpoint_pruned_while_listed(
   assert 'vanished while it was listed' in caplog.text
 
 
+def test_a_listing_rereads_only_when_the_directory_changed(dirs,
+                                                          monkeypatch):
+  """The client looks for a new index before every step: Orbax's re-read of
+  every step's metadata runs only when a step appeared, was pruned or was
+  set aside; in a bucket, every time."""
+  model_dir, corpus_dir = dirs
+  builder = BuilderStandIn(model_dir, corpus_dir, keep=3)
+  builder.publish()
+  index_dir = run_directory.index_dir(model_dir)
+  manager = publication.index_manager(index_dir, read_only=True)
+  rereads = []
+  original = manager.reload
+  monkeypatch.setattr(manager, 'reload',
+                      lambda: (rereads.append(1), original())[1])
+  listing = run_directory.Listing(manager)
+  assert listing.steps() == [0] and len(rereads) == 1
+  assert listing.steps() == [0] and listing.steps() == [0]
+  assert len(rereads) == 1
+  builder.publish()  # Step 1 appears.
+  assert listing.steps() == [0, 1] and len(rereads) == 2
+  builder.publish(), builder.publish()  # Step 0 pruned.
+  assert listing.steps() == [1, 2, 3] and len(rereads) == 3
+  run_directory.set_aside(index_dir, 3)
+  assert listing.steps() == [1, 2] and len(rereads) == 4
+  assert listing.steps() == [1, 2] and len(rereads) == 4
+  assert run_directory._entries('gs://bucket/run/index') is None  # pylint: disable=protected-access
+
+
 def test_writers_prune_by_renaming_into_the_trash_then_empty_it(dirs):
   model_dir, corpus_dir = dirs
   builder = BuilderStandIn(model_dir, corpus_dir)
@@ -288,7 +316,7 @@ def test_a_damaged_index_is_refused_named_and_set_aside(dirs, caplog, how):
   np.testing.assert_array_equal(client.document_embeddings([0, 5]), 0)
   assert f'Refused index step 1: Step {index_dir}/1 is damaged: ' \
       f'{damaged}' in caplog.text
-  assert run_directory.reload(client._manager) == [0]  # pylint: disable=protected-access
+  assert run_directory.reload(client._listing.manager) == [0]  # pylint: disable=protected-access
   aside, = os.listdir(os.path.join(index_dir, run_directory.DAMAGED))
   assert aside.startswith('1-')
   builder.publish()  # Step 2, whole, is served at the next look.

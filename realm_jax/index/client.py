@@ -70,17 +70,21 @@ class IndexClient:
     self.index_step: int | None = None
     self.params_step: int | None = None  # The towers' step that embedded it.
     self.refreshes = 0
-    self._manager = None
+    self._listing = None  # Of the index directory, once it exists.
     self._host_embeddings = None
 
   def newest_step(self) -> int | None:
-    if self._manager is None:
-      if not epath.Path(run_directory.index_dir(self.model_dir)).is_dir():
-        return None
-      self._manager = publication.index_manager(
-          run_directory.index_dir(self.model_dir), read_only=True)
-    published = run_directory.reload(self._manager)
+    published = self._published()
     return published[-1] if published else None
+
+  def _published(self) -> list[int]:
+    """The published index steps, sorted."""
+    if self._listing is None:
+      if not epath.Path(run_directory.index_dir(self.model_dir)).is_dir():
+        return []
+      self._listing = run_directory.Listing(publication.index_manager(
+          run_directory.index_dir(self.model_dir), read_only=True))
+    return self._listing.steps()
 
   def maybe_refresh(self, force: bool = False) -> bool:
     """Swaps in the newest published index if it is newer than ours; True if
@@ -98,8 +102,7 @@ class IndexClient:
   def serve(self, step: int) -> None:
     """Swaps in index `step` itself, not the newest, if it is published and
     whole (kept then: see `follow`)."""
-    if (step != self.index_step and self.newest_step() is not None
-        and step in run_directory.reload(self._manager)):
+    if step != self.index_step and step in self._published():
       self._load(step)
 
   def refresh_for(self, step: int | None) -> bool:
@@ -112,8 +115,7 @@ class IndexClient:
       return False
     asked_at = None
     while True:
-      if self.newest_step() is not None and wanted in run_directory.reload(
-          self._manager) and self._load(wanted):
+      if wanted in self._published() and self._load(wanted):
         run_directory.clear_index_request(self.model_dir, wanted)
         return True
       if asked_at is None or time.monotonic() - asked_at > 60:
@@ -152,7 +154,7 @@ class IndexClient:
     it was damaged (refused, named in the log and set aside)."""
     try:
       loaded = publication.load_index(
-          self._manager, step, self.corpus_metadata, self.dim,
+          self._listing.manager, step, self.corpus_metadata, self.dim,
           self.searcher_kind, self.devices, self.block_length,
           self.search_dtype)
     except errors.DamagedStepError as error:

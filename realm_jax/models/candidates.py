@@ -12,7 +12,8 @@ import jax.numpy as jnp
 NULL_DOCUMENT_ID = -1
 
 
-def select_candidates(retrieved_ids, exclude_ids, num_candidates: int):
+def select_candidates(retrieved_ids, exclude_ids, num_candidates: int,
+                      xp=jnp):
   """Null document first, then retrieved ids minus excluded ids and duplicates.
 
   Args:
@@ -21,32 +22,34 @@ def select_candidates(retrieved_ids, exclude_ids, num_candidates: int):
     exclude_ids: [batch] the trivial candidate of each query (its source
       block), or negative for none.
     num_candidates: k, the null document included.
+    xp: numpy for the trainer's host side: queued on the device, these small
+      ops would wait behind the train step they are meant to overlap.
 
   Returns:
     (candidate_ids [batch, k] with NULL_DOCUMENT_ID at index 0 and on padding,
      candidate_mask [batch, k] bool, True on the null document and real ones).
   """
-  retrieved_ids = jnp.asarray(retrieved_ids, jnp.int32)
+  retrieved_ids = xp.asarray(retrieved_ids, xp.int32)
   batch, fetched = retrieved_ids.shape
   if fetched < num_candidates - 1:
-    retrieved_ids = jnp.pad(retrieved_ids,
-                            ((0, 0), (0, num_candidates - 1 - fetched)),
-                            constant_values=NULL_DOCUMENT_ID)
+    retrieved_ids = xp.pad(retrieved_ids,
+                           ((0, 0), (0, num_candidates - 1 - fetched)),
+                           constant_values=NULL_DOCUMENT_ID)
     fetched = num_candidates - 1
   valid = (retrieved_ids >= 0) & (
-      retrieved_ids != jnp.asarray(exclude_ids, jnp.int32)[:, None])
-  earlier = jnp.tril(jnp.ones((fetched, fetched), bool), k=-1)
-  duplicate = jnp.any(
+      retrieved_ids != xp.asarray(exclude_ids, xp.int32)[:, None])
+  earlier = xp.tril(xp.ones((fetched, fetched), bool), k=-1)
+  duplicate = xp.any(
       (retrieved_ids[:, :, None] == retrieved_ids[:, None, :]) & earlier, axis=2)
   valid &= ~duplicate
   # Stable: valid ids move to the front in retrieval order.
-  order = jnp.argsort(~valid, axis=1, stable=True)[:, :num_candidates - 1]
-  ids = jnp.take_along_axis(retrieved_ids, order, axis=1)
-  mask = jnp.take_along_axis(valid, order, axis=1)
-  ids = jnp.where(mask, ids, NULL_DOCUMENT_ID)
-  null = jnp.full((batch, 1), NULL_DOCUMENT_ID, jnp.int32)
-  return (jnp.concatenate([null, ids], axis=1),
-          jnp.concatenate([jnp.ones((batch, 1), bool), mask], axis=1))
+  order = xp.argsort(~valid, axis=1, stable=True)[:, :num_candidates - 1]
+  ids = xp.take_along_axis(retrieved_ids, order, axis=1)
+  mask = xp.take_along_axis(valid, order, axis=1)
+  ids = xp.where(mask, ids, NULL_DOCUMENT_ID)
+  null = xp.full((batch, 1), NULL_DOCUMENT_ID, xp.int32)
+  return (xp.concatenate([null, ids], axis=1),
+          xp.concatenate([xp.ones((batch, 1), bool), mask], axis=1))
 
 
 def null_document(length: int, cls_id: int, sep_id: int) -> dict:

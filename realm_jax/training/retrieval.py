@@ -229,8 +229,8 @@ class CandidateRetrieval:
     def host_part():
       _, ids = searched()
       if self.null_document_first:
-        ids, mask = (np.asarray(a) for a in select_candidates(
-            ids, exclude, self.num_candidates))
+        ids, mask = select_candidates(ids, exclude, self.num_candidates,
+                                      xp=np)
       else:
         mask = ids >= 0
       return self.blocks_of(ids), mask, ids
