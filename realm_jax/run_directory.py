@@ -529,7 +529,8 @@ class RetrieverSteps:
       self._snapshots = Listing(ocp.CheckpointManager(
           snapshots_dir(self.model_dir), options=reader_options(
               multiprocessing_options=every_process())))
-    return [l for l in (self._snapshots, self._checkpoints) if l is not None]
+    return [listing for listing in (self._snapshots, self._checkpoints)
+            if listing is not None]
 
   def reload(self) -> list[int]:
     """Re-lists both directories (where they changed); the steps, sorted."""
