@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo reproduce world test test-fast chaos clean bundle bundle-gpu
+.PHONY: setup demo reproduce world test test-fast chaos clean bundle bundle-gpu \
+	gpu-compiler
 
 setup: $(STAMP)
 
@@ -61,6 +62,15 @@ chaos: setup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# XLA:GPU for `realm-jax aot --target=gpu:h100` on a machine without a GPU:
+# JAX's CUDA plugin for this jaxlib and cuDNN (about 650 MB, so not part of
+# setup), apart in $(VENV)/xla-cuda, where only that command loads them
+# (realm_jax/aot.py, XLA_CUDA).
+gpu-compiler: setup
+	$(BIN)/pip install --no-deps --upgrade --target $(VENV)/xla-cuda \
+	  jax-cuda13-plugin==0.10.2 jax-cuda13-pjrt==0.10.2 \
+	  nvidia-cudnn-cu13==9.28.1.4
 
 # What a GPU or TPU machine without TensorFlow needs to run the core on the
 # demo's corpus, in bundle/ (<= 64 MiB; docs/accelerators.md). Needs the demo

@@ -22,6 +22,12 @@ Two targets:
     environment (`make setup` puts it in .venv/libtpu; `LIBTPU_DIR_ENV`
     names another place), since a libtpu that `import jax` finds slows every
     command's start and prints TPU warnings. Only this compile loads it.
+  - 'gpu:<card>[x<count>]' (`gpu_target`), e.g. 'gpu:h100': NVIDIA GPUs
+    described by their facts (`GPUS`), compiled by XLA:GPU from JAX's CUDA
+    plugin without a GPU (nothing is autotuned: the kernels XLA fuses and
+    the memory it assigns are the card's, the products' tile choices may
+    not be). The plugin and cuDNN live apart too (realm_jax/gpu_compiler.py)
+    and load in this compile only.
 """
 
 import contextlib
@@ -40,7 +46,7 @@ import jax
 import jax.extend
 import numpy as np
 
-from realm_jax import errors, extras
+from realm_jax import errors, extras, gpu_compiler
 from realm_jax.index.embed import DocumentEmbedder
 from realm_jax.index.exact import AXIS, index_mesh, sharded_top_k
 from realm_jax.models.realm import model_retriever
@@ -86,6 +92,63 @@ HOST_BOUNDS = (2, 2, 1)
 
 
 @dataclasses.dataclass(frozen=True)
+class Gpu:
+  """An NVIDIA card as XLA:GPU's compiler needs to know it (NVIDIA's data
+  sheets; the SXM parts): its name as JAX's devices give it, memory,
+  memory bandwidth, L2 cache, SMs, clock and compute capability."""
+  kind: str
+  device_kind: str
+  memory_bytes: int
+  bandwidth: int  # bytes/s
+  l2_bytes: int
+  cores: int
+  clock_ghz: float
+  capability: tuple[int, int]
+  peak_tflops: float  # dense bfloat16
+
+  @property
+  def memory_gib(self) -> float:
+    return round(self.memory_bytes / GIB, 1)
+
+  def target_config(self) -> str:
+    """XLA's GpuTargetConfigProto for the card, as text."""
+    major, minor = self.capability
+    return '\n'.join((
+        'gpu_device_info {',
+        '  threads_per_block_limit: 1024', '  threads_per_warp: 32',
+        '  shared_memory_per_block: 49152',
+        '  shared_memory_per_core: 233472',
+        '  shared_memory_per_block_optin: 232448',
+        '  threads_per_core_limit: 2048', f'  core_count: {self.cores}',
+        '  fpus_per_core: 128', '  block_dim_limit_x: 2147483647',
+        '  block_dim_limit_y: 65535', '  block_dim_limit_z: 65535',
+        f'  memory_bandwidth: {self.bandwidth}',
+        f'  l2_cache_size: {self.l2_bytes}',
+        f'  clock_rate_ghz: {self.clock_ghz}',
+        f'  device_memory_size: {self.memory_bytes}',
+        # Hopper's 'a' features (wgmma), which NVIDIA's own parts have.
+        f'  cuda_compute_capability {{ major: {major} minor: {minor}'
+        + (' feature_extension: ACCELERATED_FEATURES' if major == 9 else '')
+        + ' }',
+        '  registers_per_core_limit: 65536',
+        '  registers_per_block_limit: 65536',
+        '  device_vendor: "NVIDIA Corporation"',
+        f'  name: "{self.device_kind}"',
+        '}',
+        'platform_name: "CUDA"',
+        'dnn_version_info { major: 9 minor: 10 }',
+        f'device_description_str: "{self.device_kind}"'))
+
+
+GPUS = {gpu.kind: gpu for gpu in (
+    Gpu('h100', 'NVIDIA H100 80GB HBM3', 84_942_979_072, 3_352_320_000_000,
+        50 * 2 ** 20, 132, 1.98, (9, 0), 989),
+    Gpu('h200', 'NVIDIA H200', 150_754_820_096, 4_800_000_000_000,
+        50 * 2 ** 20, 132, 1.98, (9, 0), 989),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
   """What the programs are compiled for: `devices` (all of them; the trainer
   and the builder take the first ones) and the words every figure carries,
@@ -97,10 +160,18 @@ class Target:
   compiler: str
   device: str
   chip: Chip | None = None
+  gpu: Gpu | None = None
 
   @property
   def description(self) -> str:
     return f'{self.compiler}, {self.device}'
+
+  @property
+  def memory_gib(self) -> float | None:
+    """One device's memory: a TPU chip's HBM, a GPU's; None for CPUs."""
+    if self.chip:
+      return self.chip.hbm_gib
+    return self.gpu.memory_gib if self.gpu else None
 
 
 def cpu_target() -> Target:
@@ -204,6 +275,38 @@ def tpu_target(topology: str) -> Target:
                 f'XLA:TPU (libtpu {version})', chip.device_kind, chip)
 
 
+def gpu_target(name: str) -> Target:
+  """`count` GPUs of one host, `name` '<card>[x<count>]' (e.g. 'h100',
+  'h100x8'), described to XLA:GPU by the card's facts (`GPUS`); no GPU is
+  needed. The process's own JAX devices stay what they are."""
+  match = re.fullmatch(r'([a-z]+\d+)(?:x(\d+))?', name)
+  if not match or match.group(1) not in GPUS:
+    raise errors.BadConfig(
+        f'GPU {name!r}: expected <card>[x<count>] with card one of '
+        f'{", ".join(GPUS)}, e.g. gpu:h100 or gpu:h100x8.')
+  gpu, count = GPUS[match.group(1)], int(match.group(2) or 1)
+  apart = gpu_compiler.use()
+  from jax._src.lib import cuda_versions  # pylint: disable=g-import-not-at-top
+  if cuda_versions is None:
+    raise RuntimeError(
+        "JAX started before its CUDA plugin was on the path, so its fused "
+        'attention finds no cuDNN: call realm_jax.gpu_compiler.use() before '
+        'importing jax (`realm-jax aot` does).')
+  found = list(importlib.metadata.distributions(name='jax-cuda13-plugin',
+                                                path=[apart]))
+  version = found[0].version if found else 'unknown version'
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    devices = topologies.get_topology_desc(
+        topology_name=name, platform='cuda', topology=f'1 x 1 x {count}',
+        target_config=gpu.target_config()).devices
+  except jax.errors.JaxRuntimeError as error:
+    raise errors.BadConfig(f'GPU {name!r}: {errors.one_line(error)}') from error
+  return Target(f'gpu:{name}', list(devices),
+                f'XLA:GPU (jax-cuda13-plugin {version}, no GPU: nothing '
+                'autotuned)', gpu.device_kind, gpu=gpu)
+
+
 @dataclasses.dataclass
 class Program:
   """One compiled program's per-device figures (on a TPU one device is one
@@ -220,8 +323,9 @@ class Program:
   # exact search's, 2 x queries x rows x dimensions.
   flops: float
   # XLA's cost analysis of the compiled program (everything, but a loop's
-  # body once), times `loop_trips`.
-  xla_flops: float = 0.0
+  # body once), times `loop_trips`; None where XLA gives none (XLA:GPU
+  # without a GPU).
+  xla_flops: float | None = 0.0
   compiled_by: str = ''
   # Calls of Pallas kernels (the splash attention) in the program: neither
   # count has their FLOPs, so where there are any both are lower bounds.
@@ -309,10 +413,11 @@ def _analyse(name: str, target: Target, devices: int, shape: str, lowered,
   cost = compiled.cost_analysis()
   if isinstance(cost, list):  # Older JAX: one dict per program.
     cost = cost[0]
+  xla_flops = None if cost is None else float(cost.get('flops', 0.0))
   return Program(name, devices, shape, memory.argument_size_in_bytes,
                  memory.output_size_in_bytes, memory.temp_size_in_bytes,
                  memory.alias_size_in_bytes, flops,
-                 float(cost.get('flops', 0.0)) * loop_trips,
+                 None if xla_flops is None else xla_flops * loop_trips,
                  target.description, kernel_calls, compile_seconds=seconds)
 
 
@@ -351,10 +456,9 @@ def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
   devices = target.devices
   needed = max(mesh_devices, builder_devices)
   if len(devices) < needed:
-    if target.chip:
+    if target.chip or target.gpu:
       raise errors.BadConfig(
-          f'{needed} devices needed; the TPU topology {target.name} has '
-          f'{len(devices)}.')
+          f'{needed} devices needed; {target.name} has {len(devices)}.')
     raise ValueError(f'{needed} devices needed, {len(devices)} present: set '
                      'XLA_FLAGS=--xla_force_host_platform_device_count='
                      f'{needed} before JAX starts (`realm-jax aot` does).')
@@ -409,7 +513,9 @@ def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
   return [train_step, embed_step, exact_search]
 
 
-def _flops(flops: float, bound: str = '') -> str:
+def _flops(flops: float | None, bound: str = '') -> str:
+  if flops is None:
+    return 'none given'
   for unit, scale in (('PFLOP', 1e15), ('TFLOP', 1e12), ('GFLOP', 1e9),
                       ('MFLOP', 1e6)):
     if flops >= scale or unit == 'MFLOP':
@@ -476,6 +582,8 @@ def report(programs: list[Program], target: Target, mesh_devices: int,
           'device': target.device, 'mesh': mesh_devices,
           'builder_mesh': builder_devices,
           'device_memory_gib': device_memory_gib,
+          'gpu': None if target.gpu is None else dataclasses.asdict(
+              target.gpu),
           'chip': None if chip is None else {
               'kind': chip.kind, 'hbm_gib': chip.hbm_gib,
               'peak_bf16_tflops': chip.peak_tflops},

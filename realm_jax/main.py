@@ -48,6 +48,10 @@ MODULES = (demo, data, embed, train, fill, evaluate, ask, search, refresh, aot,
            import_released, export, corpus)
 # The command's name -> its handler.
 COMMANDS = {module.COMMAND: module.run for module in MODULES}
+# What a command sets up before JAX is imported (`aot --target=gpu:...`
+# puts JAX's CUDA plugin on the path, which JAX reads as it starts).
+BEFORE_JAX = {module.COMMAND: module.before_jax for module in MODULES
+              if hasattr(module, 'before_jax')}
 # Commands that read and print, and leave nothing to write when they return.
 READ_ONLY = ('ask', 'fill', 'search')
 
@@ -108,6 +112,11 @@ def main(argv=None, exit_at_once: bool = False) -> int:
   """
   args = _parser().parse_args(common.gin_flags(
       sys.argv[1:] if argv is None else argv))
+  try:
+    if args.command in BEFORE_JAX:
+      BEFORE_JAX[args.command](args)
+  except errors.UserError as error:
+    return _user_error(args, error)
   from realm_jax import quiet  # pylint: disable=g-import-not-at-top
   quiet.quiet(args.verbose)  # Before JAX and TensorFlow start.
   from realm_jax import distributed  # pylint: disable=g-import-not-at-top
@@ -119,17 +128,21 @@ def main(argv=None, exit_at_once: bool = False) -> int:
   try:
     COMMANDS[args.command](args)
   except errors.UserError as error:
-    if args.debug or os.environ.get(DEBUG_ENV, '0') not in ('', '0'):
-      traceback.print_exc()
-    print(f'realm-jax {args.command}: {errors.message(error)}',
-          file=sys.stderr)
-    return 2
+    return _user_error(args, error)
   if exit_at_once and args.command in READ_ONLY:
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
     os._exit(0)  # pylint: disable=protected-access
   return 0
+
+
+def _user_error(args, error: errors.UserError) -> int:
+  """A user error in a line (its traceback too with --debug); exit code 2."""
+  if args.debug or os.environ.get(DEBUG_ENV, '0') not in ('', '0'):
+    traceback.print_exc()
+  print(f'realm-jax {args.command}: {errors.message(error)}', file=sys.stderr)
+  return 2
 
 
 def run() -> None:

@@ -1,7 +1,8 @@
 """`realm-jax aot`: the abstract inputs are what `prepare` gives, the lowered
 step is the step that trains, and the memory and FLOPs it reports follow
 the shardings; `--target=tpu:...` compiles with XLA:TPU from the libtpu
-installed apart, which nothing else sees."""
+installed apart, which nothing else sees; `--target=gpu:...` with XLA:GPU
+from JAX's CUDA plugin installed apart, without a GPU."""
 
 import importlib.metadata
 import json
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from realm_jax import aot, errors, extras, main
+from realm_jax import aot, errors, gpu_compiler, main
 from realm_jax.input.seqio_source import SeqioSource
 from realm_jax.training import partitioning, run_kinds
 from realm_jax.training.trainer import Trainer
@@ -242,20 +243,24 @@ def test_other_topology_names_are_a_clear_error(name):
     aot._topology(name)  # pylint: disable=protected-access
 
 
-def test_without_libtpu_the_tpu_target_says_how_to_install_it(
-    tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize('target, where, message, pin', [
+    ('tpu:v4:2x2x1', aot.LIBTPU_DIR_ENV, 'Compiling for a TPU needs libtpu, '
+     'which is not in {}: `make setup` installs it there, or `pip install',
+     aot.LIBTPU),
+    ('gpu:h100', gpu_compiler.DIR_ENV, 'Compiling for a GPU without one needs '
+     "JAX's CUDA plugin, which is not in {}: `make gpu-compiler` installs it "
+     'there, or `pip install', gpu_compiler.PINS[0])])
+def test_without_its_compiler_a_target_says_how_to_install_it(
+    target, where, message, pin, tmp_path, monkeypatch, capsys):
   """One line, exit code 2, before any gin is read."""
-  monkeypatch.setenv(aot.LIBTPU_DIR_ENV, str(tmp_path / 'nowhere'))
+  monkeypatch.setenv(where, str(tmp_path / 'nowhere'))
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')  # The command sets it.
-  with pytest.raises(extras.MissingExtra):
-    aot.find_libtpu()
-  assert main.main(['aot', '--target=tpu:v4:2x2x1', *TINY_AOT]) == 2
+  assert main.main(['aot', f'--target={target}', *TINY_AOT]) == 2
   error = capsys.readouterr().err.strip()
   assert len(error.splitlines()) == 1
-  assert error.startswith('realm-jax aot: Compiling for a TPU needs libtpu, '
-                          f'which is not in {tmp_path / "nowhere"}: `make '
-                          'setup` installs it there, or `pip install')
-  assert aot.LIBTPU in error
+  assert error.startswith(
+      'realm-jax aot: ' + message.format(tmp_path / 'nowhere'))
+  assert pin in error
 
 
 # What the test below runs in a process of its own: libtpu, once loaded,
@@ -297,21 +302,29 @@ def test_tpu_topology_devices_make_the_trainers_mesh():
   assert found['backend'] == 'cpu'
 
 
+def _aot_in_a_process(tmp_path, target: str):
+  """`realm-jax aot --target=TARGET` on the tiny model in a process of its
+  own (a compiler's plugin, once loaded, stays): the finished process and
+  its JSON's path."""
+  output = tmp_path / 'aot.json'
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  process = subprocess.run(
+      [sys.executable, '-m', 'realm_jax.main', 'aot', f'--target={target}',
+       f'--output={output}', *TINY_AOT],
+      cwd=REPO, capture_output=True, text=True, timeout=600, env=env,
+      check=False)
+  assert process.returncode == 0, process.stderr
+  return process, output
+
+
 @needs_libtpu
 @pytest.mark.slow
 def test_command_compiles_for_a_tpu_slice_with_xla_tpu(tmp_path):
   """`realm-jax aot --target=tpu:v4:2x2x1`: the tiny model's three programs
   compiled by XLA:TPU for the 4 chips of a v4-8, each inside one chip's
   32 GiB, with FLOPs, and the train step's time at 40% MFU."""
-  output = tmp_path / 'aot.json'
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
-  process = subprocess.run(
-      [sys.executable, '-m', 'realm_jax.main', 'aot', '--target=tpu:v4:2x2x1',
-       f'--output={output}', *TINY_AOT],
-      cwd=REPO, capture_output=True, text=True, timeout=600, env=env,
-      check=False)
-  assert process.returncode == 0, process.stderr
+  process, output = _aot_in_a_process(tmp_path, 'tpu:v4:2x2x1')
   assert ('Per chip, compiled by XLA:TPU (libtpu 0.0.42.1) for TPU v4 '
           '(topology v4:2x2x1, 4 chips; 32 GiB HBM, 275 TFLOP/s bf16 peak)'
           in process.stdout)
@@ -336,3 +349,84 @@ def test_command_compiles_for_a_tpu_slice_with_xla_tpu(tmp_path):
   assert embed['seconds_at_mfu'] is None
   # A quarter of the 1,000 x 16 bfloat16 index per chip.
   assert search['argument_bytes'] >= 250 * 16 * 2
+
+
+needs_xla_cuda = pytest.mark.skipif(
+    not gpu_compiler.installed(),
+    reason=f"JAX's CUDA plugin is not installed apart "
+    f'({gpu_compiler.directory()}): `make gpu-compiler` installs it.')
+
+
+def test_the_cuda_plugin_installed_is_for_this_jaxlib():
+  """`make gpu-compiler` installs aot's pins, the plugin at jaxlib's own
+  version (JAX refuses a plugin of another)."""
+  makefile = (pathlib.Path(REPO) / 'Makefile').read_text()
+  recipe = makefile.split('gpu-compiler: setup')[1].split('\n\n')[0]
+  assert ('--target $(VENV)/xla-cuda' in recipe
+          and all(pin in recipe for pin in gpu_compiler.PINS))
+  assert f'jax-cuda13-plugin=={importlib.metadata.version("jaxlib")}' in (
+      gpu_compiler.PINS)
+
+
+@pytest.mark.parametrize('name', ['a100', 'h100x', 'h100:8', 'x8', 'H100'])
+def test_other_gpu_names_are_a_clear_error(name, monkeypatch):
+  monkeypatch.setattr(gpu_compiler, 'use', lambda: pytest.fail('loaded'))
+  with pytest.raises(errors.BadConfig, match='card one of h100, h200'):
+    aot.gpu_target(name)
+
+
+@needs_xla_cuda
+@pytest.mark.slow
+def test_command_compiles_for_an_h100_with_xla_gpu(tmp_path):
+  """`realm-jax aot --target=gpu:h100x2`: the tiny model's three programs
+  compiled by XLA:GPU for two H100s, each inside one's memory."""
+  process, output = _aot_in_a_process(tmp_path, 'gpu:h100x2')
+  assert 'Traceback' not in process.stderr, process.stderr
+  assert ('Per device, compiled by XLA:GPU (jax-cuda13-plugin 0.10.2, no '
+          'GPU: nothing autotuned) for NVIDIA H100 80GB HBM3, against 79.1 '
+          'GiB:' in process.stdout)
+  report = json.loads(output.read_text())
+  assert (report['target'], report['mesh'], report['builder_mesh'],
+          report['gpu']['kind']) == ('gpu:h100x2', 2, 2, 'h100')
+  for p in report['programs']:
+    assert p['devices'] == 2
+    assert 0 < p['total_bytes'] < 79.1 * aot.GIB
+    assert p['flops'] > 0 and p['xla_flops'] is None
+
+
+@needs_xla_cuda
+def test_the_gpu_targets_train_step_attends_with_cudnn():
+  """The trace is the GPU's program (`target.compiling_for` from the
+  mesh's devices), though this process runs on its CPU."""
+  process = subprocess.run(
+      [sys.executable, '-c', GPU_STEP_TEXT], cwd=REPO,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True,
+      text=True, timeout=600, check=False)
+  assert process.returncode == 0, process.stderr
+  found = json.loads(process.stdout.strip().splitlines()[-1])
+  assert found['backend'] == 'cpu'
+  assert found['cudnn_attention'] > 0
+  assert found['device_kind'] == 'NVIDIA H100 80GB HBM3'
+
+
+GPU_STEP_TEXT = """
+import json
+from realm_jax import gpu_compiler
+gpu_compiler.use()  # Before JAX starts.
+import jax
+jax.devices()  # This process's own backends start, on its CPU.
+from realm_jax import aot
+from realm_jax.training import partitioning, run_kinds
+from realm_jax.training.trainer import Trainer
+from tests.helpers import bind_tiny
+bind_tiny('BertConfig.dtype = "bfloat16"',
+          'BertConfig.attention_dropout_rate = 0.0')
+target = aot.gpu_target('h100')
+run = run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir='')
+trainer = Trainer(run.objective,
+                  partitioning.make_mesh(devices=target.devices), 10)
+text = trainer.lower(run.objective.abstract_inputs(8, 32)).compile().as_text()
+print(json.dumps({'backend': jax.default_backend(),
+                  'cudnn_attention': text.count('__cudnn$fmha'),
+                  'device_kind': target.devices[0].device_kind}))
+"""

@@ -272,6 +272,52 @@ def test_dots_remat_saves_the_projections_full_saves_none(tiny_config):
   assert saved('full') < saved('dots') < saved('none')
 
 
+def test_scanned_bf16_layers_keep_no_float32_copy_of_the_stream(tiny_config):
+  """Under scan, whatever a layer keeps for the backward pass is stacked
+  over the layers. The LayerNorms and the activation are recomputed from
+  their inputs, so no float32 tensor of the residual stream's size (the
+  LayerNorms' centred and normalized inputs) and nothing of the feed-
+  forward width but its activation's input and output (the products' output
+  and input) is kept."""
+  config = dataclasses.replace(tiny_config, dtype='bfloat16', remat='none',
+                               dropout_rate=0.0, attention_dropout_rate=0.0)
+  inputs = _inputs(config)
+  params = _init(config, inputs)['params']
+  loss = lambda p: jnp.sum(Bert(config).apply(
+      {'params': p}, *inputs).sequence_output.astype(jnp.float32))
+  _, backward = jax.vjp(loss, params)  # Holds what it saved.
+  batch, length = inputs[0].shape
+  stacked = [x for x in jax.tree.leaves(backward)
+             if x.shape[:3] == (config.num_layers, batch, length)]
+  hidden = [x for x in stacked if x.shape[3:] == (config.hidden_size,)]
+  width = [x for x in stacked if x.shape[3:] == (config.intermediate_size,)]
+  assert hidden and all(x.dtype == jnp.bfloat16 for x in hidden)
+  assert len(width) == 2, [x.dtype for x in width]
+
+
+def test_recomputed_layer_norm_and_activation_have_plain_gradients(
+    tiny_config):
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 5, 32)),
+                  jnp.float32)
+  recomputed = bert.layer_norm(tiny_config, 'ln')
+  plain = nn.LayerNorm(epsilon=tiny_config.layer_norm_eps, name='ln')
+  variables = plain.init(jax.random.key(0), x)
+  variables = jax.tree.map(lambda v: v + 0.1 * jnp.arange(v.size), variables)
+
+  def grads(module):
+    return jax.grad(lambda v, x: jnp.sum(jnp.sin(module.apply(v, x))),
+                    argnums=(0, 1))(variables, x)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                        atol=1e-6),
+               grads(recomputed), grads(plain))
+  for act in ('gelu', 'gelu_new'):
+    config = dataclasses.replace(tiny_config, hidden_act=act)
+    np.testing.assert_allclose(
+        jax.grad(lambda x: jnp.sum(jnp.sin(config.activation(x))))(x),
+        jax.grad(lambda x: jnp.sum(jnp.sin(bert.ACTIVATIONS[act](x))))(x),
+        rtol=1e-5, atol=1e-6)
+
+
 def test_bf16_compute_keeps_fp32_params(tiny_config):
   inputs = _inputs(tiny_config)
   bf16 = dataclasses.replace(tiny_config, dtype='bfloat16')

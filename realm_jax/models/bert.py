@@ -142,8 +142,12 @@ class BertConfig:
     return self.hidden_size // self.num_heads
 
   def activation(self, x):
-    """The feed-forward (and masked-LM transform) nonlinearity."""
-    return ACTIVATIONS[self.hidden_act](x)
+    """The feed-forward (and masked-LM transform) nonlinearity, recomputed
+    in the backward pass from its input, which the next product keeps
+    anyway: autodiff would keep three more tensors of the input's size (the
+    exact GELU's erfc, square and product), stacked per layer under scan."""
+    return jax.checkpoint(ACTIVATIONS[self.hidden_act],
+                          prevent_cse=False)(x)
 
 
 def _init(config: BertConfig, names: tuple[str, ...]):
@@ -152,12 +156,22 @@ def _init(config: BertConfig, names: tuple[str, ...]):
       nn.initializers.truncated_normal(config.initializer_range), names)
 
 
+# A LayerNorm recomputed in the backward pass from its input. Autodiff would
+# keep three float32 copies of its input's size (the centred input, the
+# normalized one, the scaled inverse deviation broadcast), which under the
+# layers' scan are stacked per layer: half a bfloat16 step's temporaries.
+# Recomputed, only the input is kept. Where the layers are unrolled, XLA
+# merges the recomputation with the forward pass and nothing changes.
+_RecomputedLayerNorm = nn.remat(nn.LayerNorm, prevent_cse=False)
+
+
 def layer_norm(config: BertConfig, name: str, axis_name: str = 'embed',
                epsilon: float | None = None, dtype=None):
   """LayerNorm over the last axis, whose logical name is `axis_name`;
   `epsilon` defaults to the config's. Its statistics are float32; it returns
-  `dtype` (default the compute dtype)."""
-  return nn.LayerNorm(
+  `dtype` (default the compute dtype). The backward pass recomputes it from
+  its input (`_RecomputedLayerNorm`)."""
+  return _RecomputedLayerNorm(
       epsilon=config.layer_norm_eps if epsilon is None else epsilon,
       dtype=dtype or config.dtype,
       param_dtype=config.param_dtype,

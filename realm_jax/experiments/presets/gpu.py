@@ -24,12 +24,14 @@ from realm_jax.experiments.presets import _wiki
 ICT_STEPS, READER_STEPS, PRETRAIN_STEPS, REFRESH_INTERVAL = 500, 1250, 1250, 20
 BATCH, PRETRAIN_BATCH = 256, 64
 SETUP = 'gin/setups/gpu_demo.gin'
-# REALM's step at batch 64 needs 25.7 GiB beyond its arguments on an H100
-# (2026-11-27), over its share below: 2 microbatches (13.3 GiB) from the
-# start spare the trainer compiling the whole batch to find that out.
-SPLIT = {'Pretrain.microbatches': 2}
-RUNS = {'realm': SPLIT,
-        'stale': {'run_refresh.stale_factor': _wiki.STALE_FACTOR, **SPLIT},
+# REALM's step at batch 64 took 25.7 GiB beyond its arguments on an H100
+# (2026-11-27), over its share below, and ran in 2 microbatches; since its
+# LayerNorms and GELU are recomputed in the backward pass, XLA:GPU's
+# compile for an H100 gives 13.5 GiB (`realm-jax aot --target=gpu:h100`;
+# docs/benchmarks.md), inside the share: one microbatch. Were it not, the
+# trainer would split the batch itself (`Trainer.fit_microbatches`).
+RUNS = {'realm': {},
+        'stale': {'run_refresh.stale_factor': _wiki.STALE_FACTOR},
         'baseline': {'Pretrain.num_candidates': 1}}
 # Each training stage's share of the GPU's memory (its index builder's
 # included), and this process's: the shares of the stages that run at once
