@@ -8,6 +8,7 @@ import gzip
 import importlib.util
 import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -255,3 +256,27 @@ def test_a_forward_profile_writes_its_summary_and_trace(tmp_path):
       line['busy_ms_a_step'] > 0 for line in result['lines'].values())
   assert (tmp_path / 'perfetto_trace.json.gz').exists()
   assert (tmp_path / 'profile.md').read_text().startswith('forward step')
+
+
+@pytest.mark.unit
+def test_compiled_kernels_count_a_loops_body_once_a_trip():
+  """A scan of 6 trips over rows of 8 floats: its body's kernels launch 6
+  times; the stacked output is written a row at a time (in place), and
+  the row the body reads of the scanned input is a slice of it."""
+  from benchmarks import compiled_kernels  # pylint: disable=g-import-not-at-top
+
+  def f(carry, xs):
+    def body(c, x):
+      y = jnp.sin(c * x)
+      return y, y
+    return jax.lax.scan(body, carry, xs)
+  text = jax.jit(f).lower(jnp.zeros(8), jnp.ones((6, 8))).compile().as_text()
+  kinds = compiled_kernels.kernels(text)
+  stacked = [row for kind, row in kinds.items()
+             if re.search('dynamic.update.slice', kind)]
+  assert stacked == [{'launches': 6, 'bytes': 6 * 2 * 8 * 4}], kinds
+  sine = [row for kind, row in kinds.items() if 'sine' in kind]
+  assert len(sine) == 1 and sine[0]['launches'] == 6
+  # Each trip reads the carry and one row of xs (not all 6) and an index.
+  assert sine[0]['bytes'] <= 6 * (3 * 8 * 4 + 8), kinds
+  assert compiled_kernels.nbytes('(bf16[2,3]{1,0}, pred[4])') == 16
