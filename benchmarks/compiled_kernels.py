@@ -20,6 +20,7 @@ memory-bound kernel are its time, before a GPU is at hand.
 import argparse
 import collections
 import json
+import os
 import re
 import sys
 
@@ -27,6 +28,7 @@ import sys
 SIZES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2,
          'f32': 4, 's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
 SHAPE = re.compile(r'\b(' + '|'.join(SIZES) + r')\[([0-9,]*)\]')
+# name = shape op(operands): XLA writes /*index=5*/ before every fifth.
 INSTRUCTION = re.compile(r'(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*?)\)')
 # Instructions that launch nothing.
 FREE = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast',
@@ -59,20 +61,37 @@ def computations(text: str) -> tuple[dict[str, list[str]], str]:
   return found, entry
 
 
-def _fusion_reads(lines: list[str], operands: list[int]) -> int:
-  """A fused computation's reads: each parameter whole, or the slices a
-  `dynamic-slice` takes of it."""
-  params, sliced = {}, collections.Counter()
+def _fusion_bytes(lines: list[str], operands: list[int],
+                  output: int) -> tuple[int, int]:
+  """(read, written) of a fusion: each operand whole, or the slices a
+  `dynamic-slice` takes of it; its output whole, but a buffer that a
+  `dynamic-update-slice` updates in place (the root, or one of a tuple
+  root's) is neither read nor written beyond its update."""
+  params, shapes, sliced = {}, {}, collections.Counter()
   for line in lines:
-    match = re.match(r'(?:ROOT )?%?([\w.\-]+) = \S+ parameter\((\d+)\)', line)
-    if match:
-      params[match.group(1)] = int(match.group(2))
+    match = INSTRUCTION.match(line)
+    if not match:
+      continue
+    label, shape, op, args = match.groups()
+    shapes[label] = shape
+    if op == 'parameter':
+      params[label] = int(args)
+  in_place, updates = set(), 0
   for line in lines:
-    match = re.match(r'(?:ROOT )?%?[\w.\-]+ = (\S+) dynamic-slice\(%?([\w.\-]+)',
-                     line)
-    if match and match.group(2) in params:
-      sliced[params[match.group(2)]] += nbytes(match.group(1))
-  return sum(sliced.get(i, size) for i, size in enumerate(operands))
+    match = INSTRUCTION.match(line)
+    if not match:
+      continue
+    _, shape, op, args = match.groups()
+    names = re.findall(r'%([\w.\-]+)', args)
+    if op == 'dynamic-slice' and names[0] in params:
+      sliced[params[names[0]]] += nbytes(shape)
+    if op == 'dynamic-update-slice' and names[0] in params:
+      in_place.add(params[names[0]])
+      updates += nbytes(shapes.get(names[1], ''))
+      output -= nbytes(shape)
+  read = sum(0 if i in in_place else sliced.get(i, size)
+             for i, size in enumerate(operands))
+  return read, max(output, 0) + updates
 
 
 def kernels(text: str) -> dict[str, dict]:
@@ -106,17 +125,13 @@ def kernels(text: str) -> dict[str, dict]:
         trips[called] += trips[name]
         todo.append(called)
         continue
-      operands = [nbytes(shapes.get((name, a.strip().lstrip('%')), ''))
-                  for a in args.split(',') if a.strip().startswith('%')]
+      operands = [nbytes(shapes.get((name, operand), ''))
+                  for operand in re.findall(r'%([\w.\-]+)', args)]
       written, read = nbytes(shape), sum(operands)
       if op == 'fusion':
         kind = re.sub(r'[.\d]+$', '', label)
         fused = comps.get(re.search(r'calls=%?([\w.\-]+)', line).group(1), [])
-        read = _fusion_reads(fused, operands)
-        root = next((l for l in fused if l.startswith('ROOT')), '')
-        if ' dynamic-update-slice(' in root:  # In place: the update alone.
-          written = max((b for b in operands if b < written), default=0)
-          read = written
+        read, written = _fusion_bytes(fused, operands, written)
       elif op == 'dynamic-update-slice':  # In place: the update alone.
         kind, written = op, operands[1]
         read = written
@@ -189,10 +204,14 @@ def main(argv=None) -> None:
   parser.add_argument('--binding', action='append', default=[])
   parser.add_argument('--output', default=None, help='Also the JSON here.')
   args = parser.parse_args(argv)
-  from realm_jax import gpu_compiler  # pylint: disable=g-import-not-at-top
+  from realm_jax import extras, gpu_compiler  # pylint: disable=g-import-not-at-top
   if 'jax' in sys.modules:
     raise RuntimeError('JAX started before its CUDA plugin was on the path.')
-  gpu_compiler.use()
+  os.environ['JAX_PLATFORMS'] = 'cpu'  # This machine's; the GPU's compiler.
+  try:
+    gpu_compiler.use()
+  except extras.MissingExtra as error:
+    sys.exit(f'compiled_kernels: {error}')
   from benchmarks import train_step  # pylint: disable=g-import-not-at-top
   text, memory = compile_program(
       args.program, args.model, args.batch,

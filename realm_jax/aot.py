@@ -12,7 +12,7 @@ device runs are counted in the traced program's matrix products
 (`matmul_flops`), every loop trip included; XLA's cost analysis, which
 counts a loop's body once (BERT's layers run in one), is reported beside.
 
-Two targets:
+Three targets:
   - 'cpu' (`cpu_target`): a mesh of faked CPU devices, compiled by XLA:CPU.
     The same partitioned program, but TPU buffer assignment and fusion
     differ, so treat a fit within a few GiB of the limit as unproven.
@@ -136,10 +136,13 @@ class Gpu:
         f'  name: "{self.device_kind}"',
         '}',
         'platform_name: "CUDA"',
+        # The cuDNN XLA may assume (fused attention needs 9 or later); the
+        # compiles checked against an H100's measurements used this one.
         'dnn_version_info { major: 9 minor: 10 }',
         f'device_description_str: "{self.device_kind}"'))
 
 
+# The cards of `gpu_compiler.CARDS`.
 GPUS = {gpu.kind: gpu for gpu in (
     Gpu('h100', 'NVIDIA H100 80GB HBM3', 84_942_979_072, 3_352_320_000_000,
         50 * 2 ** 20, 132, 1.98, (9, 0), 989),
@@ -153,8 +156,8 @@ class Target:
   """What the programs are compiled for: `devices` (all of them; the trainer
   and the builder take the first ones) and the words every figure carries,
   `compiler` and `device` (e.g. 'XLA:TPU (libtpu 0.0.42.1)', 'TPU v4').
-  `chip`: a TPU's kind (None for faked CPU devices); one device is one
-  chip."""
+  `chip`: a TPU's kind, one device a chip; `gpu`: a GPU's (both None for
+  faked CPU devices)."""
   name: str
   devices: list
   compiler: str
@@ -279,32 +282,26 @@ def gpu_target(name: str) -> Target:
   """`count` GPUs of one host, `name` '<card>[x<count>]' (e.g. 'h100',
   'h100x8'), described to XLA:GPU by the card's facts (`GPUS`); no GPU is
   needed. The process's own JAX devices stay what they are."""
-  match = re.fullmatch(r'([a-z]+\d+)(?:x(\d+))?', name)
-  if not match or match.group(1) not in GPUS:
-    raise errors.BadConfig(
-        f'GPU {name!r}: expected <card>[x<count>] with card one of '
-        f'{", ".join(GPUS)}, e.g. gpu:h100 or gpu:h100x8.')
-  gpu, count = GPUS[match.group(1)], int(match.group(2) or 1)
-  apart = gpu_compiler.use()
+  card, count = gpu_compiler.parse(name)
+  gpu = GPUS[card]
+  gpu_compiler.use()
   from jax._src.lib import cuda_versions  # pylint: disable=g-import-not-at-top
   if cuda_versions is None:
     raise RuntimeError(
         "JAX started before its CUDA plugin was on the path, so its fused "
         'attention finds no cuDNN: call realm_jax.gpu_compiler.use() before '
         'importing jax (`realm-jax aot` does).')
-  found = list(importlib.metadata.distributions(name='jax-cuda13-plugin',
-                                                path=[apart]))
-  version = found[0].version if found else 'unknown version'
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
     devices = topologies.get_topology_desc(
         topology_name=name, platform='cuda', topology=f'1 x 1 x {count}',
         target_config=gpu.target_config()).devices
-  except jax.errors.JaxRuntimeError as error:
+  except (jax.errors.JaxRuntimeError, NotImplementedError) as error:
+    # NotImplementedError: JAX registered no CUDA plugin.
     raise errors.BadConfig(f'GPU {name!r}: {errors.one_line(error)}') from error
   return Target(f'gpu:{name}', list(devices),
-                f'XLA:GPU (jax-cuda13-plugin {version}, no GPU: nothing '
-                'autotuned)', gpu.device_kind, gpu=gpu)
+                f'XLA:GPU (jax-cuda13-plugin {gpu_compiler.version()}, no '
+                'GPU: nothing autotuned)', gpu.device_kind, gpu=gpu)
 
 
 @dataclasses.dataclass
@@ -448,7 +445,8 @@ def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
     search_queries / search_k: one search call (a batch of queries, top-k).
     search_dtype: the index embeddings' dtype.
     search_chunk_size: rows scored at a time per device.
-    target: the devices compiled for (`cpu_target` or `tpu_target`);
+    target: the devices compiled for (`cpu_target`, `tpu_target` or
+      `gpu_target`);
       default: this process's CPU devices. Each program takes the first
       ones it needs.
   """

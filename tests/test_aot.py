@@ -357,7 +357,7 @@ needs_xla_cuda = pytest.mark.skipif(
     f'({gpu_compiler.directory()}): `make gpu-compiler` installs it.')
 
 
-def test_the_cuda_plugin_installed_is_for_this_jaxlib():
+def test_the_cuda_plugin_make_installs_is_for_this_jaxlib():
   """`make gpu-compiler` installs aot's pins, the plugin at jaxlib's own
   version (JAX refuses a plugin of another)."""
   makefile = (pathlib.Path(REPO) / 'Makefile').read_text()
@@ -368,11 +368,14 @@ def test_the_cuda_plugin_installed_is_for_this_jaxlib():
       gpu_compiler.PINS)
 
 
-@pytest.mark.parametrize('name', ['a100', 'h100x', 'h100:8', 'x8', 'H100'])
+@pytest.mark.parametrize('name', ['a100', 'h100x', 'h100x0', 'h100:8', 'x8',
+                                  'H100'])
 def test_other_gpu_names_are_a_clear_error(name, monkeypatch):
   monkeypatch.setattr(gpu_compiler, 'use', lambda: pytest.fail('loaded'))
   with pytest.raises(errors.BadConfig, match='card one of h100, h200'):
     aot.gpu_target(name)
+  assert gpu_compiler.parse('h200x8') == ('h200', 8)
+  assert set(gpu_compiler.CARDS) == set(aot.GPUS)
 
 
 @needs_xla_cuda

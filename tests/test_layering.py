@@ -16,7 +16,8 @@ PACKAGE = REPO / 'realm_jax'
 TREE = ('realm_jax', 'launch', 'benchmarks')
 # Top-level modules every layer may use; they import none of the layers.
 SHARED = {'checksums', 'default_files', 'distributed', 'errors', 'extras',
-          'gpu_compiler', 'progress', 'quiet', 'run_directory', 'run_guard', 'stage_plan'}
+          'gpu_compiler', 'progress', 'quiet', 'run_directory', 'run_guard',
+          'stage_plan'}
 LAYERS = {'data': 1, 'models': 2, 'input': 2, 'index': 3, 'training': 3,
           'evaluation': 4, 'released': 4, 'launch_local': 4, 'aot': 5,
           'export': 5,

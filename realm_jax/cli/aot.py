@@ -62,6 +62,7 @@ def before_jax(args) -> None:
   """A GPU target's compiler, JAX's CUDA plugin, on the path: JAX finds
   it, and the cuDNN its fused attention checks for, only as it starts."""
   if args.target.startswith('gpu:'):
+    gpu_compiler.parse(args.target.split(':', 1)[1])  # A known card first.
     gpu_compiler.use()
 
 

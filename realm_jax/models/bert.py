@@ -29,11 +29,14 @@ from realm_jax.models.products import contract
 
 def exact_gelu(x):
   """GELU's exact form, x Phi(x), written with erf as PyTorch's and the
-  original BERT's are. JAX's own (`jax.nn.gelu`) writes it with erfc,
-  which XLA:GPU computes in two passes over the feed-forward width instead
-  of one: a fifth of the bytes BERT-base's embedding step moves
-  (docs/benchmarks.md)."""
-  return 0.5 * x * (1 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype)))
+  original BERT's are, in float32 whatever the input's dtype (in bfloat16,
+  1 + erf would round the tail below about -2 to 0). JAX's own
+  (`jax.nn.gelu`) writes it with erfc, which XLA:GPU computes in two
+  passes over the feed-forward width instead of one: a fifth of the bytes
+  BERT-base's embedding step moves (docs/benchmarks.md)."""
+  x32 = x.astype(jnp.float32)
+  return (0.5 * x32 * (1 + jax.lax.erf(x32 * np.float32(np.sqrt(0.5))))
+          ).astype(x.dtype)
 
 
 ACTIVATIONS = {
@@ -82,7 +85,9 @@ class BertConfig:
       LayerNorm statistics and the retrieval embeddings stay float32.
     param_dtype: parameter dtype (float32 keeps the optimizer exact).
     remat: what each layer keeps for the backward pass (`REMAT_POLICIES`):
-      'none' keeps every activation; 'full' keeps only the layer's input and
+      'none' keeps every activation but what the LayerNorms and the
+      activation function compute (always recomputed from their inputs:
+      `layer_norm`, `activation`); 'full' keeps only the layer's input and
       recomputes the rest (the least memory); 'dots' keeps the outputs of the
       matmuls without batch dimensions (the projections and the feed-forward
       layer; attention scores and elementwise ops are recomputed). True and
@@ -152,9 +157,10 @@ class BertConfig:
 
   def activation(self, x):
     """The feed-forward (and masked-LM transform) nonlinearity, recomputed
-    in the backward pass from its input, which the next product keeps
-    anyway: autodiff would keep three more tensors of the input's size (the
-    exact GELU's erfc, square and product), stacked per layer under scan."""
+    in the backward pass from its input (the product before it), so that
+    autodiff keeps that input and the output the next product reads, not
+    also the GELU's intermediates (the erfc, square and product of JAX's
+    form), which the layers' scan would stack."""
     return jax.checkpoint(ACTIVATIONS[self.hidden_act],
                           prevent_cse=False)(x)
 
