@@ -331,6 +331,19 @@ def test_recomputed_layer_norm_and_activation_have_plain_gradients(
         **tolerance)
 
 
+def test_the_exact_gelu_is_jaxs_erfc_form_on_a_tpu():
+  """XLA:TPU runs out of vector memory fusing erf's float32 polynomial into
+  a product (the paper-scale step on a v4): there the exact GELU is JAX's.
+  Elsewhere it is erf's, which XLA:GPU computes in one pass."""
+  from realm_jax.models import target  # pylint: disable=g-import-not-at-top
+  x = jnp.ones((4,), jnp.bfloat16)
+  # A new function each time: a traced one is cached, whatever the target.
+  traced = lambda: str(jax.make_jaxpr(lambda v: bert.exact_gelu(v))(x))
+  assert ' erf ' in traced() and 'erfc' not in traced()
+  with target.compiling_for('tpu'):
+    assert 'erfc' in traced()
+
+
 def test_bf16_compute_keeps_fp32_params(tiny_config):
   inputs = _inputs(tiny_config)
   bf16 = dataclasses.replace(tiny_config, dtype='bfloat16')

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from realm_jax.models import target
 from realm_jax.models.attention import attend
 from realm_jax.models.products import contract
 
@@ -33,7 +34,11 @@ def exact_gelu(x):
   1 + erf would round the tail below about -2 to 0). JAX's own
   (`jax.nn.gelu`) writes it with erfc, which XLA:GPU computes in two
   passes over the feed-forward width instead of one: a fifth of the bytes
-  BERT-base's embedding step moves (docs/benchmarks.md)."""
+  BERT-base's embedding step moves (docs/benchmarks.md). On a TPU it is
+  JAX's: XLA:TPU fuses erf's float32 polynomial into the product before
+  it and runs out of vector memory (the paper-scale step on a v4)."""
+  if target.target_platform() == 'tpu':
+    return jax.nn.gelu(x, approximate=False)
   x32 = x.astype(jnp.float32)
   return (0.5 * x32 * (1 + jax.lax.erf(x32 * np.float32(np.sqrt(0.5))))
           ).astype(x.dtype)
