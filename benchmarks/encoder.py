@@ -15,11 +15,11 @@ accelerator in bfloat16, both sides' weights and inputs on the device
 (ours placed once with `jax.device_put`, theirs as CUDA tensors), each call
 waited for (`block_until_ready`, `torch.cuda.synchronize`): BERT-base at
 batch x length 128 x 288 and 32 x 512, and MiniLM-L6 when its weights are at
-hand (bundle/minilm, else the embedded package); BERT-base again with its
-layers unrolled (no scan loop).
+hand (bundle/minilm, else the embedded package); BERT-base again compiled
+as a training step's forward is, with XLA's default products
+(`target.compiler_options`).
 """
 
-import dataclasses
 import gc
 import os
 import statistics
@@ -170,21 +170,25 @@ def _random_bert_dir(directory: str, **config) -> str:
 
 
 def _ours_on_device(directory: str, dtype: str, param_dtype: str,
-                    scan_unroll: int | str = 1):
+                    forward_only: bool = True):
   """(config, forward(ids, mask) -> device array): our BERT, its parameters
-  placed on device 0 once; `scan_unroll` 'all': the layers unrolled."""
+  placed on device 0 once; `forward_only` False: compiled as a training
+  step's forward is (XLA's default products; `target.compiler_options`)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from realm_jax.models import pretrained  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import pretrained, target  # pylint: disable=g-import-not-at-top
   from realm_jax.models.bert import Bert  # pylint: disable=g-import-not-at-top
   config = pretrained.config_from_hf(os.path.join(directory, 'config.json'),
                                      dtype=dtype, param_dtype=param_dtype)
-  config = dataclasses.replace(config, scan_unroll=(
-      config.num_layers if scan_unroll == 'all' else scan_unroll))
   params = jax.device_put(pretrained.load_bert_params(directory, config),
                           jax.devices()[0])
   model = Bert(config)
-  apply = jax.jit(lambda p, ids, mask: model.apply(
-      {'params': p}, ids, mask).sequence_output)
+  platform = target.platform_of(jax.devices()[:1])
+
+  def forward(p, ids, mask):
+    with target.compiling_for(platform, forward_only=forward_only):
+      return model.apply({'params': p}, ids, mask).sequence_output
+  apply = jax.jit(forward, compiler_options=target.compiler_options(
+      platform, forward_only))
   return config, lambda ids, mask: apply(params, ids, mask)
 
 
@@ -213,14 +217,15 @@ def _synchronized(device: str):
 def compare_on_device(name: str, directory: str, shapes, calls: int,
                       dtype: str = 'bfloat16', param_dtype: str = 'bfloat16',
                       time_left=lambda: float('inf'),
-                      scan_unroll: int | str = 1) -> list[dict]:
+                      forward_only: bool = True) -> list[dict]:
   """One row per (batch, length): ours against transformers' on the same
   weights and inputs, both on the device, alternating call by call; median
   ms per call. A shape starts only while `time_left()` exceeds what the
   previous shape took."""
   import jax  # pylint: disable=g-import-not-at-top
   started = time.perf_counter()
-  config, ours = _ours_on_device(directory, dtype, param_dtype, scan_unroll)
+  config, ours = _ours_on_device(directory, dtype, param_dtype,
+                                 forward_only)
   try:
     theirs, torch_device = _theirs_on_device(directory, dtype)
     import torch  # pylint: disable=g-import-not-at-top
@@ -229,7 +234,7 @@ def compare_on_device(name: str, directory: str, shapes, calls: int,
   device = jax.devices()[0]
   base = {'benchmark': 'encoder', 'device': device.device_kind,
           'compiler': versions(), 'model': name, 'dtype': dtype,
-          'param_dtype': param_dtype, 'scan_unroll': config.scan_unroll}
+          'param_dtype': param_dtype, 'forward_only': forward_only}
   rows, needed = [], time.perf_counter() - started
   rng = np.random.default_rng(0)
   for batch, length in shapes:
@@ -289,9 +294,10 @@ def compare_on_device(name: str, directory: str, shapes, calls: int,
 def accelerator(options) -> list[dict]:
   """Ours against transformers' PyTorch BERT on one device, in bfloat16:
   BERT-base (random weights) at 128 x 288 and 32 x 512, MiniLM-L6 likewise
-  when its weights are here, BERT-base with its layers unrolled
-  (`BertConfig.scan_unroll`), and BERT-base at 128 x 288 with float32
-  parameters (the training policy's) last."""
+  when its weights are here, BERT-base compiled as a training step's
+  forward is (`forward_only` False: XLA's default products, the bias a pass
+  of its own), and BERT-base at 128 x 288 with float32 parameters (the
+  training policy's) last."""
   quick = options.quick
   time_left = getattr(options, 'time_left', lambda: float('inf'))
   shapes = QUICK_SHAPES if quick else ACCELERATOR_SHAPES
@@ -318,7 +324,7 @@ def accelerator(options) -> list[dict]:
                                 time_left=time_left)
     if directory:
       rows += compare_on_device(name, directory, shapes, calls,
-                                time_left=time_left, scan_unroll='all')
+                                time_left=time_left, forward_only=False)
     if directory and not quick:
       rows += compare_on_device(name, directory, shapes[:1], calls,
                                 param_dtype='float32', time_left=time_left)

@@ -103,7 +103,8 @@ ACCELERATOR_COLUMNS = {
     'encoder': ('Encoder forward, bfloat16, ours against PyTorch', [
         ('device', 'device', str), ('compiler', 'compiler', str),
         ('model', 'model', str), ('params', 'param_dtype', str),
-        ('layers a scan trip', 'scan_unroll', _number),
+        ('compiled as', 'forward_only',
+         lambda v: 'forward only' if v else "a training step's forward"),
         ('batch x length', None,
          lambda row: f'{row["batch"]} x {row["length"]}'),
         ('ours ms', 'ours_ms', _ms), ('PyTorch ms', 'theirs_ms', _ms),

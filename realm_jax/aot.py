@@ -477,16 +477,12 @@ def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
   embedder_retriever = model_retriever()
   embedder = DocumentEmbedder(embedder_retriever, embed_batch_size,
                               devices[:builder_devices])
-  retriever_params = _unsharded(trainer.abstract_state.params['retriever'])
-  blocks = {key: jax.ShapeDtypeStruct((embed_batch_size, block_length),
-                                      np.int32)
-            for key in ('token_ids', 'input_mask', 'token_type_ids')}
+  traced = embedder.trace(_unsharded(
+      trainer.abstract_state.params['retriever']), block_length)
   embed_step = _analyse(
       'embed step', target, builder_devices,
-      f'{embed_batch_size} blocks x {block_length}',
-      embedder.lower(retriever_params, block_length),
-      jaxpr=jax.make_jaxpr(embedder._embed)(  # pylint: disable=protected-access
-          retriever_params, blocks))
+      f'{embed_batch_size} blocks x {block_length}', traced.lower(),
+      jaxpr=traced.jaxpr)
 
   search_mesh = index_mesh(devices[:builder_devices])
   rows = -(-num_blocks // builder_devices) * builder_devices

@@ -400,7 +400,10 @@ def test_command_compiles_for_an_h100_with_xla_gpu(tmp_path):
 @needs_xla_cuda
 def test_the_gpu_targets_train_step_attends_with_cudnn():
   """The trace is the GPU's program (`target.compiling_for` from the
-  mesh's devices), though this process runs on its CPU."""
+  mesh's devices), though this process runs on its CPU. The corpus
+  embedding, forward only, takes cuBLAS's products with the bias in their
+  epilogue (`target.compiler_options`); the train step keeps XLA's default,
+  Triton's."""
   process = subprocess.run(
       [sys.executable, '-c', GPU_STEP_TEXT], cwd=REPO,
       env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True,
@@ -410,6 +413,13 @@ def test_the_gpu_targets_train_step_attends_with_cudnn():
   assert found['backend'] == 'cpu'
   assert found['cudnn_attention'] > 0
   assert found['device_kind'] == 'NVIDIA H100 80GB HBM3'
+  assert found['train_triton_products'] > 0
+  assert found['embed_triton_products'] == 0
+  # The bias in the epilogue of the attention's output projection, both
+  # feed-forward products and the final projection (the scan's body counted
+  # once; at these tiny sizes XLA merges q, k and v into one product, whose
+  # bias it leaves apart). Added in float32, only the last would be.
+  assert found['embed_cublas_with_bias'] >= 4
 
 
 GPU_STEP_TEXT = """
@@ -429,7 +439,18 @@ run = run_kinds.Pretrain(num_candidates=4, query_length=32, bert_dir='')
 trainer = Trainer(run.objective,
                   partitioning.make_mesh(devices=target.devices), 10)
 text = trainer.lower(run.objective.abstract_inputs(8, 32)).compile().as_text()
+from realm_jax.index.embed import DocumentEmbedder
+from realm_jax.models.realm import model_retriever
+embedder = DocumentEmbedder(model_retriever(), 8, target.devices[:1])
+embed = embedder.lower(aot._unsharded(trainer.abstract_state.params[
+    'retriever']), 32).compile().as_text()
+cublas = [line for line in embed.splitlines()
+          if 'custom_call_target="__cublas$lt$matmul"' in line]
 print(json.dumps({'backend': jax.default_backend(),
                   'cudnn_attention': text.count('__cudnn$fmha'),
-                  'device_kind': target.devices[0].device_kind}))
+                  'device_kind': target.devices[0].device_kind,
+                  'train_triton_products': text.count('gemm_fusion_dot'),
+                  'embed_triton_products': embed.count('gemm_fusion_dot'),
+                  'embed_cublas_with_bias': sum(
+                      '"epilogue":"BIAS"' in line for line in cublas)}))
 """

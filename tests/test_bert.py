@@ -344,6 +344,50 @@ def test_the_exact_gelu_is_jaxs_erfc_form_on_a_tpu():
     assert 'erfc' in traced()
 
 
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('features,in_axes', [((4, 8), 1), ((16,), 2)])
+def test_the_bias_in_cublas_epilogue_form_is_the_same_projection(
+    tiny_config, dtype, features, in_axes):
+  """A forward-only GPU program adds a projection's bias in the product's
+  dtype over one output axis (`target.bias_in_epilogue`): the same
+  parameters, and the same values up to the product's rounding."""
+  from realm_jax.models import target  # pylint: disable=g-import-not-at-top
+  config = dataclasses.replace(tiny_config, dtype=dtype)
+  names = ('embed', 'heads', 'kv')[:in_axes + len(features)]
+  dense = bert.Dense(config, features, names, in_axes)
+  shape = (3, 5, 4, 4) if in_axes == 2 else (3, 5, 16)
+  x = jax.random.normal(jax.random.key(1), shape)
+  # Every bias entry its own value: a misplaced one shows.
+  variables = jax.tree.map(
+      lambda v: v + 0.01 * jnp.arange(v.size).reshape(v.shape),
+      nn.meta.unbox(dense.init(jax.random.key(0), x)))
+  outputs = {}
+  for forward_only in (False, True):
+    with target.compiling_for('gpu', forward_only=forward_only):
+      assert target.bias_in_epilogue() == forward_only
+      outputs[forward_only] = dense.apply(variables, x)
+  assert not target.bias_in_epilogue()
+  plain, epilogue = outputs[False], outputs[True]
+  assert plain.shape == epilogue.shape == (3, 5) + features
+  assert plain.dtype == epilogue.dtype == jnp.dtype(dtype)
+  # bfloat16: the product rounded once more before the bias is added.
+  tolerance = 1e-6 if dtype == 'float32' else 2 ** -7
+  np.testing.assert_allclose(np.asarray(epilogue, np.float32),
+                             np.asarray(plain, np.float32),
+                             rtol=tolerance, atol=tolerance)
+
+
+def test_only_forward_only_gpu_programs_take_cublas_products():
+  from realm_jax.models import target  # pylint: disable=g-import-not-at-top
+  assert target.compiler_options('gpu', forward_only=True) == {
+      'xla_gpu_enable_triton_gemm': False}
+  for platform, forward_only in (('gpu', False), ('cpu', True),
+                                 ('tpu', True)):
+    assert target.compiler_options(platform, forward_only) is None
+    with target.compiling_for(platform, forward_only=forward_only):
+      assert not target.bias_in_epilogue()
+
+
 def test_bf16_compute_keeps_fp32_params(tiny_config):
   inputs = _inputs(tiny_config)
   bf16 = dataclasses.replace(tiny_config, dtype='bfloat16')

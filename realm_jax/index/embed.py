@@ -70,7 +70,7 @@ class DocumentEmbedder:
     platform = target.platform_of(devices)
 
     def embed(params, batch):
-      with target.compiling_for(platform, self.mesh):
+      with target.compiling_for(platform, self.mesh, forward_only=True):
         return retriever.apply(
             {'params': params}, batch['token_ids'], batch['input_mask'],
             batch['token_type_ids'], method='embed_documents')
@@ -78,16 +78,22 @@ class DocumentEmbedder:
     self._embed = jax.jit(
         embed,
         in_shardings=(replicated, self._sharding),
-        out_shardings=self._sharding)
+        out_shardings=self._sharding,
+        compiler_options=target.compiler_options(platform, forward_only=True))
     self._replicated = replicated
 
-  def lower(self, abstract_params, block_length: int):
-    """The step lowered for a full batch of `block_length` wordpieces, with
-    `jax.ShapeDtypeStruct` parameters: nothing is allocated."""
+  def trace(self, abstract_params, block_length: int):
+    """The step traced for a full batch of `block_length` wordpieces, with
+    `jax.ShapeDtypeStruct` parameters: nothing is allocated. Its `jaxpr`
+    is the step's; `lower()` lowers it."""
     batch = {k: jax.ShapeDtypeStruct((self.batch_size, block_length),
                                      np.int32)
              for k in ('token_ids', 'input_mask', 'token_type_ids')}
-    return self._embed.lower(abstract_params, batch)
+    return self._embed.trace(abstract_params, batch)
+
+  def lower(self, abstract_params, block_length: int):
+    """`trace(...)` lowered."""
+    return self.trace(abstract_params, block_length).lower()
 
   def __call__(self, params, arrays: dict[str, np.ndarray],
                progress: Progress | None = None) -> np.ndarray:

@@ -14,6 +14,7 @@ single key 'layers' (`stack_layers` turns the unrolled layout, `layer_0`,
 
 import dataclasses
 import functools
+import math
 import re
 from typing import Any, NamedTuple
 
@@ -210,7 +211,8 @@ class Dense(nn.Module):
   The product is the compute dtype's (`contract`); the bias is added in
   float32, so its gradient sums over tokens in float32, and the sum is
   returned as `dtype` (default the compute dtype; float32 for scores a
-  softmax reads, whose product then returns float32 too).
+  softmax reads, whose product then returns float32 too). A forward-only
+  GPU program adds it where cuBLAS's epilogue can (`target.bias_in_epilogue`).
   """
   config: BertConfig
   features: tuple[int, ...]
@@ -229,8 +231,16 @@ class Dense(nn.Module):
                       self.features, c.param_dtype)
     inputs, outputs = 'abcd'[:self.in_axes], 'wxyz'[:len(self.features)]
     dtype = jnp.dtype(self.dtype or c.dtype)
+    result = jnp.float32 if dtype == jnp.float32 else None
+    if target.bias_in_epilogue():
+      width = math.prod(self.features)
+      y = contract(f'...{inputs},{inputs}w->...w', x,
+                   kernel.reshape(kernel.shape[:self.in_axes] + (width,)),
+                   c.dtype, result)
+      y = y + bias.reshape(width).astype(y.dtype)
+      return y.reshape(y.shape[:-1] + self.features).astype(dtype)
     y = contract(f'...{inputs},{inputs}{outputs}->...{outputs}', x, kernel,
-                 c.dtype, jnp.float32 if dtype == jnp.float32 else None)
+                 c.dtype, result)
     return (y + bias).astype(dtype)
 
 
