@@ -172,8 +172,9 @@ def _random_bert_dir(directory: str, **config) -> str:
 def _ours_on_device(directory: str, dtype: str, param_dtype: str,
                     forward_only: bool = True):
   """(config, forward(ids, mask) -> device array): our BERT, its parameters
-  placed on device 0 once; `forward_only` False: compiled as a training
-  step's forward is (XLA's default products; `target.compiler_options`)."""
+  placed on device 0 once, compiled as a forward-only program
+  (`target.forward_only_jit`), or with `forward_only` False as a training
+  step's forward is (XLA's default products, the bias in float32)."""
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax.models import pretrained, target  # pylint: disable=g-import-not-at-top
   from realm_jax.models.bert import Bert  # pylint: disable=g-import-not-at-top
@@ -182,13 +183,10 @@ def _ours_on_device(directory: str, dtype: str, param_dtype: str,
   params = jax.device_put(pretrained.load_bert_params(directory, config),
                           jax.devices()[0])
   model = Bert(config)
-  platform = target.platform_of(jax.devices()[:1])
-
-  def forward(p, ids, mask):
-    with target.compiling_for(platform, forward_only=forward_only):
-      return model.apply({'params': p}, ids, mask).sequence_output
-  apply = jax.jit(forward, compiler_options=target.compiler_options(
-      platform, forward_only))
+  forward = lambda p, ids, mask: model.apply(
+      {'params': p}, ids, mask).sequence_output
+  apply = (target.forward_only_jit(forward, target.platform_of(
+      jax.devices()[:1])) if forward_only else jax.jit(forward))
   return config, lambda ids, mask: apply(params, ids, mask)
 
 
@@ -221,7 +219,8 @@ def compare_on_device(name: str, directory: str, shapes, calls: int,
   """One row per (batch, length): ours against transformers' on the same
   weights and inputs, both on the device, alternating call by call; median
   ms per call. A shape starts only while `time_left()` exceeds what the
-  previous shape took."""
+  previous shape took. `forward_only` False: ours compiled as a training
+  step's forward is (`_ours_on_device`)."""
   import jax  # pylint: disable=g-import-not-at-top
   started = time.perf_counter()
   config, ours = _ours_on_device(directory, dtype, param_dtype,

@@ -361,16 +361,21 @@ def test_the_bias_in_cublas_epilogue_form_is_the_same_projection(
   variables = jax.tree.map(
       lambda v: v + 0.01 * jnp.arange(v.size).reshape(v.shape),
       nn.meta.unbox(dense.init(jax.random.key(0), x)))
-  outputs = {}
+  outputs, added_in = {}, {}
   for forward_only in (False, True):
     with target.compiling_for('gpu', forward_only=forward_only):
       assert target.bias_in_epilogue() == forward_only
       outputs[forward_only] = dense.apply(variables, x)
+      jaxpr = jax.make_jaxpr(dense.apply)(variables, x).jaxpr
+    added_in[forward_only] = {str(v.aval.dtype) for e in jaxpr.eqns
+                              if e.primitive.name == 'add' for v in e.invars}
   assert not target.bias_in_epilogue()
+  # cuBLAS adds a bias of the product's dtype; the plain form, in float32.
+  assert added_in == {False: {'float32'}, True: {dtype}}
   plain, epilogue = outputs[False], outputs[True]
   assert plain.shape == epilogue.shape == (3, 5) + features
   assert plain.dtype == epilogue.dtype == jnp.dtype(dtype)
-  # bfloat16: the product rounded once more before the bias is added.
+  # bfloat16: the bias rounded to it, and the sum rounded before the cast.
   tolerance = 1e-6 if dtype == 'float32' else 2 ** -7
   np.testing.assert_allclose(np.asarray(epilogue, np.float32),
                              np.asarray(plain, np.float32),

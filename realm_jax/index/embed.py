@@ -70,16 +70,14 @@ class DocumentEmbedder:
     platform = target.platform_of(devices)
 
     def embed(params, batch):
-      with target.compiling_for(platform, self.mesh, forward_only=True):
-        return retriever.apply(
-            {'params': params}, batch['token_ids'], batch['input_mask'],
-            batch['token_type_ids'], method='embed_documents')
+      return retriever.apply(
+          {'params': params}, batch['token_ids'], batch['input_mask'],
+          batch['token_type_ids'], method='embed_documents')
 
-    self._embed = jax.jit(
-        embed,
+    self._embed = target.forward_only_jit(
+        embed, platform, self.mesh,
         in_shardings=(replicated, self._sharding),
-        out_shardings=self._sharding,
-        compiler_options=target.compiler_options(platform, forward_only=True))
+        out_shardings=self._sharding)
     self._replicated = replicated
 
   def trace(self, abstract_params, block_length: int):

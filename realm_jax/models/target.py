@@ -11,13 +11,14 @@ traces under `compiling_for(platform, mesh)`; elsewhere the default backend
 is the target. The mesh is what a kernel the partitioner cannot split (a
 Pallas kernel) is mapped over with shard_map.
 
-A program that only runs forward (the corpus embedding) may say so: on a
-GPU it then takes cuBLAS's products, which add a projection's bias and
-the residual in the product's epilogue, where Triton's products, XLA:GPU's
-default, leave each to a pass of its own over the product (XLA:GPU's
-compile for an H100: BERT-base's embedding step moves 19% fewer bytes).
-A training step keeps the default: its dropout sits between the product and
-the residual, and the epilogue form moved more bytes there.
+A program that only runs forward (the corpus embedding) is compiled by
+`forward_only_jit`: on a GPU it then takes cuBLAS's products, which add a
+projection's bias and the residual in the product's epilogue, where
+Triton's products, XLA:GPU's default, leave each to a pass of its own over
+the product (XLA:GPU's compile for an H100: BERT-base's embedding step
+moves 20% fewer bytes). A training step keeps the default: its dropout
+sits between the product and the residual, and the epilogue form moved
+more bytes there.
 """
 
 import contextlib
@@ -42,7 +43,8 @@ def platform_of(devices) -> str:
 @contextlib.contextmanager
 def compiling_for(platform: str, mesh=None, forward_only: bool = False):
   """Traces inside the block build `platform`'s program, over `mesh`;
-  `forward_only`: a program nothing differentiates (`compiler_options`)."""
+  `forward_only`: a program nothing differentiates, which `forward_only_jit`
+  compiles with the options it needs."""
   if platform not in PLATFORMS:
     raise ValueError(f'target platform {platform!r}; expected one of '
                      f'{PLATFORMS}.')
@@ -76,9 +78,20 @@ def compiler_options(platform: str, forward_only: bool) -> dict | None:
   return None
 
 
+def forward_only_jit(fun, platform: str, mesh=None, **jit_kwargs):
+  """`jax.jit(fun, **jit_kwargs)` for a program nothing differentiates,
+  traced as one for `platform` (over `mesh`) and compiled with its options:
+  the trace's form and the compile's products go together."""
+  def forward(*args):
+    with compiling_for(platform, mesh, forward_only=True):
+      return fun(*args)
+  return jax.jit(forward, compiler_options=compiler_options(
+      platform, forward_only=True), **jit_kwargs)
+
+
 def bias_in_epilogue() -> bool:
   """Whether a projection adds its bias as cuBLAS's epilogue adds one: in
   the product's dtype, over one output axis. Only in a forward-only GPU
-  program, which `compiler_options` gives cuBLAS's products."""
+  program (`forward_only_jit`), whose products are cuBLAS's."""
   current = _TARGET.get()
   return current is not None and current[0] == 'gpu' and current[2]
