@@ -350,7 +350,8 @@ def test_the_bias_in_cublas_epilogue_form_is_the_same_projection(
     tiny_config, dtype, features, in_axes):
   """A forward-only GPU program adds a projection's bias in the product's
   dtype over one output axis (`target.bias_in_epilogue`): the same
-  parameters, and the same values up to the product's rounding."""
+  parameters, and the same values up to bfloat16's rounding of the bias
+  and of the sum."""
   from realm_jax.models import target  # pylint: disable=g-import-not-at-top
   config = dataclasses.replace(tiny_config, dtype=dtype)
   names = ('embed', 'heads', 'kv')[:in_axes + len(features)]
