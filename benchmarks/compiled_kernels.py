@@ -146,9 +146,10 @@ def kernels(text: str) -> dict[str, dict]:
 
 
 def compile_program(program: str, model: str, batch: int, setups, bindings,
-                    target_name: str):
+                    target_name: str, options=None):
   """(HLO text, memory analysis) of the train step or the embedding step,
-  compiled for `target_name`'s first device."""
+  compiled for `target_name`'s first device; `options`: XLA's compiler
+  options (name -> value), beside any the program sets itself."""
   from benchmarks import train_step  # pylint: disable=g-import-not-at-top
   from realm_jax import aot  # pylint: disable=g-import-not-at-top
   from realm_jax.index.embed import DocumentEmbedder  # pylint: disable=g-import-not-at-top
@@ -172,7 +173,7 @@ def compile_program(program: str, model: str, batch: int, setups, bindings,
     lowered = embedder.lower(
         aot._unsharded(trainer.abstract_state.params['retriever']),  # pylint: disable=protected-access
         train_step.BLOCK_LENGTH)
-  compiled = lowered.compile()
+  compiled = lowered.compile(options or None)
   return compiled.as_text(), compiled.memory_analysis()
 
 
@@ -202,6 +203,9 @@ def main(argv=None) -> None:
                       help='Gin files after the run and the model (default: '
                       'gin/setups/gpu.gin).')
   parser.add_argument('--binding', action='append', default=[])
+  parser.add_argument('--option', action='append', default=[],
+                      help="An XLA compiler option, name=value (for example "
+                      "xla_gpu_enable_dynamic_slice_fusion=True).")
   parser.add_argument('--output', default=None, help='Also the JSON here.')
   args = parser.parse_args(argv)
   from realm_jax import extras, gpu_compiler  # pylint: disable=g-import-not-at-top
@@ -215,11 +219,13 @@ def main(argv=None) -> None:
   from benchmarks import train_step  # pylint: disable=g-import-not-at-top
   text, memory = compile_program(
       args.program, args.model, args.batch,
-      args.setup or [train_step.setup_file('gpu')], args.binding, args.target)
+      args.setup or [train_step.setup_file('gpu')], args.binding, args.target,
+      dict(option.split('=', 1) for option in args.option))
   kinds = kernels(text)
   result = {'program': args.program, 'model': args.model,
             'batch': args.batch, 'target': args.target,
             'setups': args.setup, 'bindings': args.binding,
+            'options': args.option,
             'temp_gib': memory.temp_size_in_bytes / 2 ** 30,
             'argument_gib': memory.argument_size_in_bytes / 2 ** 30,
             'launches': sum(k['launches'] for k in kinds.values()),

@@ -277,9 +277,9 @@ def test_scanned_bf16_layers_keep_no_float32_copy_of_the_stream(tiny_config):
   """Under scan, whatever a layer keeps for the backward pass is stacked
   over the layers. The LayerNorms and the activation are recomputed from
   their inputs, so no float32 tensor of the residual stream's size (the
-  LayerNorms' centred and normalized inputs) and nothing of the feed-
-  forward width but its activation's input and output (the products' output
-  and input) is kept."""
+  LayerNorms' centred and normalized inputs) is kept, and of the feed-
+  forward width only the activation's input: its output, which the second
+  product's kernel gradient reads, is recomputed (`Dense.input_activation`)."""
   config = dataclasses.replace(tiny_config, dtype='bfloat16', remat='none',
                                dropout_rate=0.0, attention_dropout_rate=0.0)
   inputs = _inputs(config)
@@ -293,7 +293,38 @@ def test_scanned_bf16_layers_keep_no_float32_copy_of_the_stream(tiny_config):
   hidden = [x for x in stacked if x.shape[3:] == (config.hidden_size,)]
   width = [x for x in stacked if x.shape[3:] == (config.intermediate_size,)]
   assert hidden and all(x.dtype == jnp.bfloat16 for x in hidden)
-  assert len(width) == 2, [x.dtype for x in width]
+  assert len(width) == 1, [x.dtype for x in width]
+
+
+@pytest.mark.parametrize('act', ['gelu', 'gelu_new'])
+@pytest.mark.parametrize('forward_only_gpu', [False, True])
+def test_a_dense_layer_of_its_activated_input_has_the_plain_gradients(
+    tiny_config, act, forward_only_gpu):
+  """Dense(input_activation=True) is the dense layer of activation(x), its
+  values and its gradients (of x, the kernel and the bias), though the
+  backward pass recomputes the activation instead of keeping it; in the
+  epilogue form too."""
+  from realm_jax.models import target  # pylint: disable=g-import-not-at-top
+  config = dataclasses.replace(tiny_config, hidden_act=act)
+  x = jax.random.normal(jax.random.key(1), (3, 5, 24))
+  names = ('mlp', 'embed')
+  activated = bert.dense(config, 16, names, 'out', input_activation=True)
+  plain = bert.dense(config, 16, names, 'out')
+  variables = jax.tree.map(
+      lambda v: v + 0.01 * jnp.arange(v.size).reshape(v.shape),
+      nn.meta.unbox(plain.init(jax.random.key(0), x)))
+  activation = bert.ACTIVATIONS[act]
+
+  def grads(apply):
+    return jax.value_and_grad(lambda v, x: jnp.sum(jnp.sin(apply(v, x))),
+                              argnums=(0, 1))(variables, x)
+  with target.compiling_for('cpu' if not forward_only_gpu else 'gpu',
+                            forward_only=forward_only_gpu):
+    ours = grads(activated.apply)
+    reference = grads(lambda v, x: plain.apply(v, activation(x)))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                        atol=1e-6),
+               ours, reference)
 
 
 def test_recomputed_layer_norm_and_activation_have_plain_gradients(

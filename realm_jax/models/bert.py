@@ -162,11 +162,11 @@ class BertConfig:
     return self.hidden_size // self.num_heads
 
   def activation(self, x):
-    """The feed-forward (and masked-LM transform) nonlinearity, recomputed
-    in the backward pass from its input (the product before it), so that
-    autodiff keeps that input and the output the next product reads, not
-    also the GELU's intermediates (the erfc, square and product of JAX's
-    form), which the layers' scan would stack."""
+    """The masked-LM transform's nonlinearity, recomputed in the backward
+    pass from its input (the product before it), so that autodiff keeps
+    that input, not also the GELU's intermediates. The layers' feed-forward
+    applies it inside its second product (`Dense.input_activation`), which
+    recomputes its output too."""
     return jax.checkpoint(ACTIVATIONS[self.hidden_act],
                           prevent_cse=False)(x)
 
@@ -213,12 +213,15 @@ class Dense(nn.Module):
   returned as `dtype` (default the compute dtype; float32 for scores a
   softmax reads, whose product then returns float32 too). A forward-only
   GPU program adds it where cuBLAS's epilogue can (`target.bias_in_epilogue`).
+  `input_activation`: the config's activation applied to x first, its
+  output recomputed in the backward pass (`_activated`).
   """
   config: BertConfig
   features: tuple[int, ...]
   kernel_names: tuple[str, ...]
   in_axes: int = 1
   dtype: Any = None
+  input_activation: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -232,24 +235,43 @@ class Dense(nn.Module):
     inputs, outputs = 'abcd'[:self.in_axes], 'wxyz'[:len(self.features)]
     dtype = jnp.dtype(self.dtype or c.dtype)
     result = jnp.float32 if dtype == jnp.float32 else None
-    if target.bias_in_epilogue():
+    epilogue = target.bias_in_epilogue()
+    if epilogue:
       width = math.prod(self.features)
-      y = contract(f'...{inputs},{inputs}w->...w', x,
-                   kernel.reshape(kernel.shape[:self.in_axes] + (width,)),
-                   c.dtype, result)
+      spec = f'...{inputs},{inputs}w->...w'
+      kernel = kernel.reshape(kernel.shape[:self.in_axes] + (width,))
+    else:
+      spec = f'...{inputs},{inputs}{outputs}->...{outputs}'
+    product = functools.partial(contract, spec, dtype=c.dtype, result=result)
+    if self.input_activation:
+      product = _activated(product, ACTIVATIONS[c.hidden_act])
+    y = product(x, kernel)
+    if epilogue:
       y = y + bias.reshape(width).astype(y.dtype)
       return y.reshape(y.shape[:-1] + self.features).astype(dtype)
-    y = contract(f'...{inputs},{inputs}{outputs}->...{outputs}', x, kernel,
-                 c.dtype, result)
     return (y + bias).astype(dtype)
 
 
+def _activated(product, activation):
+  """product(activation(x), kernel), with the activation's output
+  recomputed in the backward pass from x rather than kept: the kernel's
+  gradient reads it, and autodiff would keep it beside x, a second tensor
+  of the feed-forward width per layer that the layers' scan stacks. The
+  recomputed product itself is unused, and dropped."""
+  return jax.checkpoint(lambda x, kernel: product(activation(x), kernel),
+                        prevent_cse=False)
+
+
 def dense(config: BertConfig, features, kernel_names: tuple[str, ...],
-          name: str, in_axes: int = 1, dtype=None) -> Dense:
-  """BERT-initialized dense layer; the bias takes the output axis names."""
+          name: str, in_axes: int = 1, dtype=None,
+          input_activation: bool = False) -> Dense:
+  """BERT-initialized dense layer; the bias takes the output axis names;
+  `input_activation`: the config's activation applied to its input first
+  (`_activated`)."""
   features = tuple(features) if isinstance(features, (tuple, list)) else (
       features,)
-  return Dense(config, features, kernel_names, in_axes, dtype, name=name)
+  return Dense(config, features, kernel_names, in_axes, dtype,
+               input_activation, name=name)
 
 
 class Embeddings(nn.Module):
@@ -333,9 +355,9 @@ class TransformerLayer(nn.Module):
         x + dropout(attended, deterministic))
 
     h = dense(c, c.intermediate_size, ('embed', 'mlp'), 'intermediate')(x)
-    h = nn.with_logical_constraint(c.activation(h),
-                                   ('batch', 'length', 'mlp'))
-    h = dense(c, c.hidden_size, ('mlp', 'embed'), 'output')(h)
+    h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
+    h = dense(c, c.hidden_size, ('mlp', 'embed'), 'output',
+              input_activation=True)(h)
     x = layer_norm(c, 'output_layer_norm')(x + dropout(h, deterministic))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
