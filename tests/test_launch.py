@@ -118,8 +118,10 @@ def test_start_runs_train_and_refresh_on_the_same_model_dir(capsys):
 def test_the_shipped_gin_files_and_bindings_parse():
   """Each slice's gin as the `realm-jax` command parses it, so a typo in the
   config fails here rather than on the pod."""
+  import importlib
   import gin
-  import realm_jax.models.realm  # pylint: disable=unused-import
+  # Registers the model's configurables with gin.
+  importlib.import_module('realm_jax.models.realm')
   config = config_lib.load(PAPER)
   gin.add_config_file_search_path(ROOT)
   for _, slice_ in config.slices():
