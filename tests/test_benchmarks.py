@@ -209,6 +209,35 @@ def test_accelerator_quick_run_of_every_row(tmp_path, capsys):
 
 
 @pytest.mark.unit
+def test_the_accelerator_train_rows_follow_the_cards_memory(monkeypatch):
+  """The GPU command's train-step rows for BERT-base: an 80 GB card runs
+  batch 64 rematerialized and, last, batch 32 keeping every activation; a
+  16 GB one neither. The rows' order and settings, not their times (each
+  step is stood in for: nothing here compiles BERT-base)."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  from benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  asked = []
+
+  def step(run_name, model, batch, steps, dtype, bindings, setups=()):
+    del run_name, steps, dtype, setups
+    asked.append((model, batch) + tuple(b.split(' = ')[1]
+                                        for b in bindings[-2:]))
+    return {'step_seconds': 0.1}
+  monkeypatch.setattr(train_step, 'measure', step)
+  rows = {}
+  for gib in (80, 16):
+    monkeypatch.setattr(train_step, '_memory_limit', lambda g=gib: g * 2**30)
+    asked.clear()
+    train_step.accelerator(argparse.Namespace(quick=False))
+    rows[gib] = list(asked)
+  small = [('bert-base', 8, "'none'", '1'), ('bert-base', 8, "'none'", '1'),
+           ('bert-base', 8, "'none'", '12')]
+  assert rows[80] == [('bert-base', 64, "'full'", '1'), *small,
+                      ('bert-base', 32, "'none'", '1')]
+  assert rows[16] == [('bert-base', 16, "'full'", '1'), *small]
+
+
+@pytest.mark.unit
 def test_a_profile_sums_each_device_line_by_name_and_kind(tmp_path):
   from benchmarks import profile  # pylint: disable=g-import-not-at-top
   meta = lambda pid, tid, what, name: {
