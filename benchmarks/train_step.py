@@ -196,13 +196,14 @@ def _memory_limit() -> int | None:
 # The GPU rows: the largest batch first, each layer rematerialized (as
 # gin/setups/paper_scale.gin and tpu_v4.gin run BERT-base), where the card
 # holds it at the goal of 1 GiB of activations an example; then batch 8 as
-# the GPU setup runs it, keeping every activation (batch 32 of that asked an
-# H100 for 110 GiB); that step again from the persistent compilation cache;
+# the GPU setup runs it, keeping every activation; that step again from the persistent compilation cache;
 # and with the layers unrolled (`BertConfig.scan_unroll`), the lever against
 # the scan's copies of its stacked buffers (docs/benchmarks.md). Last, while
 # time is left, the largest batch without remat the card holds (XLA:GPU's
-# compile for an H100 asks 44.5 GiB of temporaries at 32): no recompute, the
-# MFU goal's other candidate.
+# compile for an H100 asks 44.5 GiB of temporaries at 32, docs/results/
+# compiled_kernels_h100.json; before the LayerNorms and the GELU were
+# recomputed an H100 was asked 110 GiB): no recompute, the MFU goal's other
+# candidate.
 LARGE_BATCH = 64
 ACTIVATION_GOAL = 2 ** 30
 NO_REMAT_BATCH = 32
@@ -243,7 +244,7 @@ def accelerator(options) -> list[dict]:
   Each row runs while the time left allows it (the longest row's time,
   scaled). A row's peak memory is the device's since the process began:
   kept where it rose in that row. --quick: the tiny model at the smoke
-  shapes, batch 2, the same rows but the large one."""
+  shapes, batch 2, the same rows but the two large ones."""
   from realm_jax.models import target  # pylint: disable=g-import-not-at-top
   time_left = getattr(options, 'time_left', lambda: float('inf'))
   device = jax.devices()[0]

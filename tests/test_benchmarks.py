@@ -219,9 +219,9 @@ def test_the_accelerator_train_rows_follow_the_cards_memory(monkeypatch):
   asked = []
 
   def step(run_name, model, batch, steps, dtype, bindings, setups=()):
-    del run_name, steps, dtype, setups
-    asked.append((model, batch) + tuple(b.split(' = ')[1]
-                                        for b in bindings[-2:]))
+    del run_name, dtype, setups
+    asked.append((model, batch, steps) + tuple(b.split(' = ')[1]
+                                               for b in bindings[-2:]))
     return {'step_seconds': 0.1}
   monkeypatch.setattr(train_step, 'measure', step)
   rows = {}
@@ -230,11 +230,13 @@ def test_the_accelerator_train_rows_follow_the_cards_memory(monkeypatch):
     asked.clear()
     train_step.accelerator(argparse.Namespace(quick=False))
     rows[gib] = list(asked)
-  small = [('bert-base', 8, "'none'", '1'), ('bert-base', 8, "'none'", '1'),
-           ('bert-base', 8, "'none'", '12')]
-  assert rows[80] == [('bert-base', 64, "'full'", '1'), *small,
-                      ('bert-base', 32, "'none'", '1')]
-  assert rows[16] == [('bert-base', 16, "'full'", '1'), *small]
+  # Batch 8: 10 steps, 2 from the cache, 10 unrolled.
+  small = [('bert-base', 8, 10, "'none'", '1'),
+           ('bert-base', 8, 2, "'none'", '1'),
+           ('bert-base', 8, 10, "'none'", '12')]
+  assert rows[80] == [('bert-base', 64, 10, "'full'", '1'), *small,
+                      ('bert-base', 32, 10, "'none'", '1')]
+  assert rows[16] == [('bert-base', 16, 10, "'full'", '1'), *small]
 
 
 @pytest.mark.unit

@@ -298,15 +298,17 @@ def test_scanned_bf16_layers_keep_no_float32_copy_of_the_stream(tiny_config):
 
 @pytest.mark.parametrize('act', ['gelu', 'gelu_new'])
 @pytest.mark.parametrize('forward_only_gpu', [False, True])
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
 def test_a_dense_layer_of_its_activated_input_has_the_plain_gradients(
-    tiny_config, act, forward_only_gpu):
+    tiny_config, act, forward_only_gpu, dtype):
   """Dense(input_activation=True) is the dense layer of activation(x), its
-  values and its gradients (of x, the kernel and the bias), though the
+  values and its gradients (of x, the kernel and the bias) in their dtypes
+  (a float32 kernel's gradient float32 under bfloat16 compute), though the
   backward pass recomputes the activation instead of keeping it; in the
   epilogue form too."""
   from realm_jax.models import target  # pylint: disable=g-import-not-at-top
-  config = dataclasses.replace(tiny_config, hidden_act=act)
-  x = jax.random.normal(jax.random.key(1), (3, 5, 24))
+  config = dataclasses.replace(tiny_config, hidden_act=act, dtype=dtype)
+  x = jax.random.normal(jax.random.key(1), (3, 5, 24)).astype(dtype)
   names = ('mlp', 'embed')
   activated = bert.dense(config, 16, names, 'out', input_activation=True)
   plain = bert.dense(config, 16, names, 'out')
@@ -322,9 +324,13 @@ def test_a_dense_layer_of_its_activated_input_has_the_plain_gradients(
                             forward_only=forward_only_gpu):
     ours = grads(activated.apply)
     reference = grads(lambda v, x: plain.apply(v, activation(x)))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
-                                                        atol=1e-6),
-               ours, reference)
+  assert (jax.tree.map(lambda a: a.dtype, ours)
+          == jax.tree.map(lambda a: a.dtype, reference))
+  assert jax.tree.leaves(ours[1][0])[0].dtype == jnp.float32  # Parameters.
+  tolerance = 1e-5 if dtype == 'float32' else 1e-2
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tolerance,
+      atol=tolerance), ours, reference)
 
 
 def test_recomputed_layer_norm_and_activation_have_plain_gradients(

@@ -93,7 +93,7 @@ class BertConfig:
     remat: what each layer keeps for the backward pass (`REMAT_POLICIES`):
       'none' keeps every activation but what the LayerNorms and the
       activation function compute (always recomputed from their inputs:
-      `layer_norm`, `activation`); 'full' keeps only the layer's input and
+      `layer_norm`, `Dense.input_activation`); 'full' keeps only the layer's input and
       recomputes the rest (the least memory); 'dots' keeps the outputs of the
       matmuls without batch dimensions (the projections and the feed-forward
       layer; attention scores and elementwise ops are recomputed). True and
