@@ -63,11 +63,13 @@ def computations(text: str) -> tuple[dict[str, list[str]], str]:
 
 def _fusion_bytes(lines: list[str], operands: list[int],
                   output: int) -> tuple[int, int]:
-  """(read, written) of a fusion: each operand whole, or the slices a
-  `dynamic-slice` takes of it; its output whole, but a buffer that a
-  `dynamic-update-slice` updates in place (the root, or one of a tuple
-  root's) is neither read nor written beyond its update."""
+  """(read, written) of a fusion: each operand whole, or, where the fusion
+  reads it only through `slice`s and `dynamic-slice`s, those slices; its
+  output whole, but a buffer that a `dynamic-update-slice` updates in
+  place (the root, or one of a tuple root's) is neither read nor written
+  beyond its update."""
   params, shapes, sliced = {}, {}, collections.Counter()
+  whole = set()
   for line in lines:
     match = INSTRUCTION.match(line)
     if not match:
@@ -83,13 +85,16 @@ def _fusion_bytes(lines: list[str], operands: list[int],
       continue
     _, shape, op, args = match.groups()
     names = re.findall(r'%([\w.\-]+)', args)
-    if op == 'dynamic-slice' and names[0] in params:
+    if op in ('slice', 'dynamic-slice') and names[0] in params:
       sliced[params[names[0]]] += nbytes(shape)
+      names = names[1:]
+    whole.update(params[n] for n in names if n in params)
     if op == 'dynamic-update-slice' and names[0] in params:
       in_place.add(params[names[0]])
       updates += nbytes(shapes.get(names[1], ''))
       output -= nbytes(shape)
-  read = sum(0 if i in in_place else sliced.get(i, size)
+  read = sum(0 if i in in_place else size if i in whole else
+             min(sliced.get(i, size), size)
              for i, size in enumerate(operands))
   return read, max(output, 0) + updates
 

@@ -315,6 +315,35 @@ def test_compiled_kernels_count_a_loops_body_once_a_trip():
 
 
 @pytest.mark.unit
+def test_compiled_kernels_read_only_the_slices_a_fusion_takes():
+  """A fusion that reads a third of a product's output (q of a joint q, k,
+  v product) reads that third; one that also reads the operand whole
+  reads it whole."""
+  from benchmarks import compiled_kernels  # pylint: disable=g-import-not-at-top
+
+  def program(consumer_reads_whole):
+    fused = ['%p = bf16[4,12]{1,0} parameter(0)',
+             '%q = bf16[4,4]{1,0} slice(%p), slice={[0:4], [0:4]}',
+             'ROOT %c = f32[4,4]{1,0} convert(%q)']
+    if consumer_reads_whole:
+      fused[-1:] = ['%r = bf16[4,12]{1,0} negate(%p)',
+                    '%s = bf16[4,4]{1,0} slice(%r), slice={[0:4], [4:8]}',
+                    '%t = bf16[4,4]{1,0} add(%q, %s)',
+                    'ROOT %c = f32[4,4]{1,0} convert(%t)']
+    return '\n'.join([
+        'HloModule m', '', '%fused (p: bf16[4,12]) -> f32[4,4] {',
+        *[f'  {line}' for line in fused], '}', '',
+        'ENTRY %main (a: bf16[4,12]) -> f32[4,4] {',
+        '  %a = bf16[4,12]{1,0} parameter(0)',
+        '  ROOT %loop_convert_fusion = f32[4,4]{1,0} fusion(%a), kind=kLoop, '
+        'calls=%fused', '}'])
+  assert compiled_kernels.kernels(program(False)) == {
+      'loop_convert_fusion': {'launches': 1, 'bytes': 4 * 4 * 2 + 4 * 4 * 4}}
+  assert compiled_kernels.kernels(program(True)) == {
+      'loop_convert_fusion': {'launches': 1, 'bytes': 4 * 12 * 2 + 4 * 4 * 4}}
+
+
+@pytest.mark.unit
 def test_compiled_kernels_read_every_operand_of_a_wide_fusion():
   """XLA writes /*index=5*/ before a fusion's sixth operand."""
   from benchmarks import compiled_kernels  # pylint: disable=g-import-not-at-top
