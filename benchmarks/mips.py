@@ -259,7 +259,8 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
   """The selections `sweep` times on `platform`, the likeliest first (a
   sweep cut short by its time budget keeps the ones that matter): the
   platform's default, on accelerators the group maxima in one kernel
-  ('fused': the scores never written), bigger chunks (fewer kernel
+  ('fused': the scores never written; its programs each scoring 4 or 16
+  groups in turn, their queries loaded once), bigger chunks (fewer kernel
   launches; [512 x chunk] float32 scores: 2 GB at 1M rows), group sizes,
   the one-pass `top_k`, small chunks (their scores fit in the L2 cache),
   unrolled scans, the previous defaults and `approx_max_k`."""
@@ -278,7 +279,9 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
             Selection(65536, 'approx_max_k')]
   else:
     grid = [default,
-            *(Selection(1 << 20, 'fused', g) for g in (128, 256, 64)),
+            *(Selection(1 << 20, 'fused', 128, program_groups=n)
+              for n in (1, 4, 16)),
+            *(Selection(1 << 20, 'fused', g) for g in (256, 64)),
             Selection(1 << 20, 'two_stage', 256),
             Selection(1 << 20, 'two_stage', 128),
             Selection(1 << 19, 'two_stage', 128),
@@ -293,6 +296,14 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
             Selection(1 << 18, 'approx_max_k')]
   seen = set()
   return [s for s in grid if not (s in seen or seen.add(s))]
+
+
+def _group(selection) -> str | int:
+  """The table's group: rows per group, and for 'fused' the groups a
+  program scores ('128 x 16')."""
+  if selection.method == 'fused' and selection.program_groups > 1:
+    return f'{selection.group} x {selection.program_groups}'
+  return selection.group if selection.method in ('two_stage', 'fused') else ''
 
 
 def _timed_calls(fn, args, calls: int) -> tuple[float, float, object]:
@@ -367,9 +378,8 @@ def sweep(num_rows: int, dim: int = 128, queries: int = BATCH, k: int = K,
   for selection, program in runs:
     row = {**base, 'program': program, 'method': selection.method,
            'chunk_size': selection.chunk_size,
-           'group': selection.group
-                    if selection.method in ('two_stage', 'fused') else '',
-           'unroll': selection.unroll}
+           'group': _group(selection), 'unroll': selection.unroll,
+           'program_groups': selection.program_groups}
     if budget_s is not None and (time.perf_counter() - began + needed
                                  > budget_s):
       rows.append({**row, 'skipped': f'time budget of {budget_s:.0f} s '

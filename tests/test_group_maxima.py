@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from realm_jax import aot
+from realm_jax import aot, gpu_compiler
 from realm_jax.index import exact
 from realm_jax.index.exact import Selection
 from realm_jax.index.group_maxima import group_maxima
@@ -44,9 +44,10 @@ def _inputs(num_queries, num_rows, dim, dtype, group=64, seed=0):
 ])
 @pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float32])
 def test_kernels_equal_the_xla_form(platform, num_queries, num_rows, group,
-                                    dtype):
+                                    dtype, program_groups=1):
   queries, rows, bias = _inputs(num_queries, num_rows, 32, dtype, group)
-  got = group_maxima(queries, rows, bias, group, platform, interpret=True)
+  got = group_maxima(queries, rows, bias, group, platform, interpret=True,
+                     program_groups=program_groups)
   assert got.shape == (num_queries, num_rows // group)
   assert got.dtype == jnp.float32
   assert np.all(np.isneginf(got[:, 0]))  # The group of no usable row.
@@ -55,6 +56,26 @@ def test_kernels_equal_the_xla_form(platform, num_queries, num_rows, group,
                                                        np.float64).T
           + np.asarray(bias[:whole])).reshape(num_queries, -1, group).max(-1)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize('num_rows,program_groups', [
+    (1024, 4),         # 16 groups: 4 whole spans.
+    (1024 + 200, 4),   # 19 groups: the last span of 3, then 8 rows.
+    (192, 16),         # 3 groups: one span, most of it past the table.
+])
+@pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float32])
+def test_gpu_programs_scoring_several_groups_equal_the_xla_form(
+    num_rows, program_groups, dtype):
+  """A GPU program scores `program_groups` groups in turn, its queries
+  loaded once; the last program stops at the table's last whole group."""
+  test_kernels_equal_the_xla_form('gpu', 9, num_rows, 64, dtype,
+                                  program_groups)
+
+
+def test_program_groups_must_be_a_power_of_two():
+  queries, rows, bias = _inputs(2, 128, 16, jnp.float32)
+  with pytest.raises(ValueError, match='power of two'):
+    group_maxima(queries, rows, bias, 64, 'gpu', program_groups=6)
 
 
 def _kernel_calls(fn, *args) -> int:
@@ -115,7 +136,8 @@ def test_exact_search_with_each_kernel_is_exact(platform, monkeypatch):
                              rtol=1e-5)
 
 
-def test_the_gpu_search_lowers_to_its_triton_kernel():
+@pytest.mark.parametrize('program_groups', [1, 16])
+def test_the_gpu_search_lowers_to_its_triton_kernel(program_groups):
   """The paper's search (13.35M x 128 bfloat16 rows, 512 queries, top 8)
   as the GPU runs it: lowered for CUDA on this machine, the Pallas kernel
   becomes Triton's IR (what Triton cannot express fails here; its compile
@@ -127,7 +149,8 @@ def test_the_gpu_search_lowers_to_its_triton_kernel():
           jax.ShapeDtypeStruct((13_353_718, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((512, 1), jnp.int32))
   lowered = exact._exact_search.trace(
-      *args, 8, Selection(method='fused', group=256), 'gpu').lower(
+      *args, 8, Selection(method='fused', group=256,
+                          program_groups=program_groups), 'gpu').lower(
           lowering_platforms=('cuda',))
   text = lowered.as_text()
   calls = re.findall(r'custom_call @([\w$.]+)', text)
@@ -136,11 +159,73 @@ def test_the_gpu_search_lowers_to_its_triton_kernel():
   assert f'chlo.top_k({kernel}, k = 9) : tensor<512x52162xf32>' in text
 
 
+# XLA:GPU's compile of the paper's first stage for an H100, in a process
+# that loads JAX's CUDA plugin before JAX starts; its PTX dumped.
+GPU_COMPILE = """
+import json, pathlib, re, sys
+from realm_jax import gpu_compiler
+gpu_compiler.use()
+import jax, jax.numpy as jnp
+from realm_jax import aot
+from realm_jax.index.group_maxima import group_maxima
+one = jax.sharding.SingleDeviceSharding(aot.gpu_target('h100').devices[0])
+rows = 13_353_718
+args = [jax.ShapeDtypeStruct(shape, dtype, sharding=one) for shape, dtype in (
+    ((512, 128), jnp.bfloat16), ((rows, 128), jnp.bfloat16),
+    ((rows,), jnp.float32))]
+found = {}
+for program_groups in (1, 16):
+  dump = pathlib.Path(sys.argv[1]) / str(program_groups)
+  compiled = jax.jit(lambda q, r, b: group_maxima(
+      q, r, b, 128, 'gpu', program_groups=program_groups)).trace(
+          *args).lower(lowering_platforms=('cuda',)).compile(
+              {'xla_dump_to': str(dump)})
+  ptx = [f.read_text() for f in dump.glob('*.ptx')]
+  kernel = [text for text in ptx if '.entry group_maxima' in text]
+  found[program_groups] = {
+      'kernels': len(kernel), 'ptx': len(ptx),
+      'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
+      'tensor_core': sum(text.count('wgmma.mma_async') for text in kernel),
+      'local': sum(text.count('.local') for text in kernel),
+      'async_copies': sum(text.count('cp.async') for text in kernel),
+      'stores': sum(text.count('st.global') for text in kernel),
+      'masked_stores': sum(len(re.findall(r'@%p\\d+ st.global', text))
+                           for text in kernel)}
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(not gpu_compiler.installed(), reason="JAX's CUDA plugin "
+                    'is not installed apart: `make gpu-compiler` installs it')
+def test_xla_gpu_compiles_the_gpu_kernel_for_an_h100(tmp_path):
+  """The paper's first stage compiled to PTX for an H100 (sm_90a) without
+  one: a Triton kernel on the tensor cores (wgmma), nothing spilled to
+  local memory, nothing but the maxima written; a program scoring 16
+  groups streams its rows into shared memory asynchronously, its queries
+  loaded once (one group a program loads both with plain loads), and
+  stores under a mask: the last program's block of 16 reaches past the
+  table's 104,325 groups, and unmasked its last 11 columns would overwrite
+  the next query's first groups."""
+  process = subprocess.run(
+      [sys.executable, '-c', GPU_COMPILE, str(tmp_path)], cwd=REPO,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True,
+      text=True, timeout=300, check=False)
+  assert process.returncode == 0, process.stderr
+  found = json.loads(process.stdout.strip().splitlines()[-1])
+  for program_groups, kernel in found.items():
+    assert kernel['kernels'] == 1, (program_groups, kernel)
+    assert kernel['tensor_core'] > 0 and kernel['local'] == 0, kernel
+    assert kernel['temp_bytes'] == 0, kernel
+  assert found['1']['async_copies'] == 0
+  assert found['16']['async_copies'] > 0
+  assert found['16']['stores'] == found['16']['masked_stores'] > 0
+
+
 # Run in a process of its own: libtpu, once loaded, stays.
 TPU_COMPILE = """
 import json
 import jax, jax.numpy as jnp
-from realm_jax import aot
+from realm_jax import aot, gpu_compiler
 from realm_jax.index import exact
 device = aot.tpu_target('v4:2x2x1').devices[0]
 one = jax.sharding.SingleDeviceSharding(device)

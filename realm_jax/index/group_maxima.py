@@ -12,8 +12,10 @@ group's maximum per query: a `group`-th of those bytes. It reads the rows
 in place, the whole table at once: no chunk of it is sliced or copied.
 
 Kernels, by the platform the program is for:
-  - GPU (Triton): a program per group and block of `BLOCK_QUERIES`
-    queries, for groups Triton takes as one tile (`triton_tiles`).
+  - GPU (Triton): a program per block of `BLOCK_QUERIES` queries and span
+    of `program_groups` groups, for groups Triton takes as one tile
+    (`triton_tiles`); it loads its queries once and scores the span's
+    groups in turn, the last span only the groups left.
   - TPU (Mosaic): a program per `TPU_GROUPS_PER_STEP` groups, every query
     at once, for groups of a multiple of 128 rows (Mosaic's tiling of the
     rows' [n] mask); the groups after the last whole step take the XLA form.
@@ -103,14 +105,39 @@ def _kernel(queries_ref, rows_ref, bias_ref, out_ref, *, group: int,
     out_ref[g:g + 1, :] = jnp.max(products, axis=0, keepdims=True)
 
 
-def _queries_major_kernel(queries_ref, rows_ref, bias_ref, out_ref):
-  """out [queries, 1] <- one group's maxima for a block of queries (GPU)."""
-  products = jax.lax.dot_general(
-      queries_ref[...], rows_ref[...], (((1,), (1,)), ((), ())),
-      preferred_element_type=jnp.float32,
-      precision=precision_for(rows_ref.dtype))
-  products = products + bias_ref[...][None, :]
-  out_ref[...] = jnp.max(products, axis=1, keepdims=True)
+def _queries_major_kernel(queries_ref, rows_ref, bias_ref, out_ref, *,
+                          group: int, groups: int, total: int):
+  """out [queries, groups] <- the maxima of a span of `groups` groups for a
+  block of queries (GPU), the queries loaded once for the span; the last
+  span stops at the `total`-th group of the table."""
+  queries = queries_ref[...]
+
+  def best(rows, bias):
+    products = jax.lax.dot_general(
+        queries, rows, (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=precision_for(rows_ref.dtype))
+    return jnp.max(products + bias[None, :], axis=1, keepdims=True)
+
+  def score(g, maxima):
+    span = pl.ds(pl.multiple_of(g * group, group), group)
+    column = jax.lax.broadcasted_iota(jnp.int32, maxima.shape, 1)
+    return jnp.where(column == g, best(rows_ref[span, :], bias_ref[span]),
+                     maxima)
+
+  if groups == 1:
+    out_ref[...] = best(rows_ref[...], bias_ref[...])
+    return
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas import triton as plgpu
+  last = jnp.minimum(groups, total - pl.program_id(1) * groups)
+  maxima = jax.lax.fori_loop(0, last, score,
+                             jnp.zeros(out_ref.shape, jnp.float32))
+  # The last span's block reaches past the table's groups, and Triton
+  # stores a block whole: unmasked, its columns past the end would land on
+  # the next query's first groups.
+  column = jax.lax.broadcasted_iota(jnp.int32, out_ref.shape, 1)
+  plgpu.store(out_ref, maxima, mask=column < last)
 
 
 def triton_tiles(group: int, dim: int, itemsize: int) -> bool:
@@ -126,8 +153,10 @@ def _padded(queries, multiple: int):
   return jnp.pad(queries, ((0, padding), (0, 0))) if padding else queries
 
 
-def _gpu_maxima(queries, rows, bias, group: int, interpret: bool):
-  """[Q, n // group]: one Triton program per group and block of queries.
+def _gpu_maxima(queries, rows, bias, group: int, program_groups: int,
+                interpret: bool):
+  """[Q, n // group]: one Triton program per block of queries and span of
+  `program_groups` groups (the last span: those left).
 
   The kernel writes the maxima queries-major, as the top-k over groups
   reads them. Written groups-major and transposed, they reached XLA:GPU's
@@ -138,18 +167,20 @@ def _gpu_maxima(queries, rows, bias, group: int, interpret: bool):
   num_queries, dim = queries.shape
   block = min(BLOCK_QUERIES, max(16, pl.next_power_of_2(num_queries)))
   queries = _padded(queries, block)
+  span = program_groups * group
   groups = rows.shape[0] // group
   # The blocks of queries on the grid's first axis, which CUDA runs
-  # fastest: the programs of one group run together and read its rows from
+  # fastest: the programs of one span run together and read its rows from
   # memory once, the rest from the L2 cache.
   maxima = pl.pallas_call(
-      _queries_major_kernel,
+      functools.partial(_queries_major_kernel, group=group,
+                        groups=program_groups, total=groups),
       out_shape=jax.ShapeDtypeStruct((queries.shape[0], groups), jnp.float32),
-      grid=(queries.shape[0] // block, groups),
-      in_specs=[pl.BlockSpec((block, dim), lambda q, g: (q, 0)),
-                pl.BlockSpec((group, dim), lambda q, g: (g, 0)),
-                pl.BlockSpec((group,), lambda q, g: (g,))],
-      out_specs=pl.BlockSpec((block, 1), lambda q, g: (q, g)),
+      grid=(queries.shape[0] // block, pl.cdiv(groups, program_groups)),
+      in_specs=[pl.BlockSpec((block, dim), lambda q, s: (q, 0)),
+                pl.BlockSpec((span, dim), lambda q, s: (s, 0)),
+                pl.BlockSpec((span,), lambda q, s: (s,))],
+      out_specs=pl.BlockSpec((block, program_groups), lambda q, s: (q, s)),
       compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=2),
       interpret=interpret, name='group_maxima')(queries, rows, bias)
   return maxima[:num_queries]
@@ -177,17 +208,20 @@ def _tpu_maxima(queries, rows, bias, group: int, steps: int,
 
 
 def group_maxima(queries, rows, bias, group: int, platform: str,
-                 interpret: bool = False):
+                 interpret: bool = False, program_groups: int = 1):
   """`reference`'s [Q, n // group] float32 maxima of the whole groups, by
-  `platform`'s kernel where it has one (see the module's docstring). The
-  queries must have the rows' dtype; the products accumulate in float32,
-  at full precision for float32 rows."""
+  `platform`'s kernel where it has one (see the module's docstring);
+  `program_groups`: groups a GPU program scores in turn (a power of two).
+  The queries must have the rows' dtype; the products accumulate in
+  float32, at full precision for float32 rows."""
   if queries.dtype != rows.dtype:
     raise ValueError(f'queries of {queries.dtype} against rows of '
                      f'{rows.dtype}: give both the same dtype.')
+  if program_groups < 1 or program_groups & (program_groups - 1):
+    raise ValueError(f'program_groups={program_groups}: a power of two.')
   num_rows, dim = rows.shape
   if platform == 'gpu' and triton_tiles(group, dim, rows.dtype.itemsize):
-    return _gpu_maxima(queries, rows, bias, group, interpret)
+    return _gpu_maxima(queries, rows, bias, group, program_groups, interpret)
   steps = num_rows // (TPU_GROUPS_PER_STEP * group)
   if platform == 'tpu' and group % TPU_LANES == 0 and steps:
     head = steps * TPU_GROUPS_PER_STEP * group
