@@ -175,7 +175,7 @@ def _chunk_top_k(scores, k: int, selection: Selection, valid):
 
 def _fused_top_k_of_rows(queries, rows, live, first_id, num_docs,
                          exclude_ids, k: int, group: int, platform: str,
-                         program_groups: int = 1):
+                         program_groups: int):
   """The two-stage top-k over every row at once, its first stage one
   kernel (`group_maxima`) that reads `rows` in place and keeps the scores
   on chip: no chunks, so the rows are never sliced.

@@ -106,10 +106,10 @@ def _kernel(queries_ref, rows_ref, bias_ref, out_ref, *, group: int,
 
 
 def _queries_major_kernel(queries_ref, rows_ref, bias_ref, out_ref, *,
-                          group: int, groups: int, total: int):
-  """out [queries, groups] <- the maxima of a span of `groups` groups for a
+                          group: int, program_groups: int, groups: int):
+  """out [queries, program_groups] <- the maxima of a span of groups for a
   block of queries (GPU), the queries loaded once for the span; the last
-  span stops at the `total`-th group of the table."""
+  span stops at the table's `groups`-th group."""
   queries = queries_ref[...]
 
   def best(rows, bias):
@@ -125,12 +125,13 @@ def _queries_major_kernel(queries_ref, rows_ref, bias_ref, out_ref, *,
     return jnp.where(column == g, best(rows_ref[span, :], bias_ref[span]),
                      maxima)
 
-  if groups == 1:
+  if program_groups == 1:
     out_ref[...] = best(rows_ref[...], bias_ref[...])
     return
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas import triton as plgpu
-  last = jnp.minimum(groups, total - pl.program_id(1) * groups)
+  last = jnp.minimum(program_groups,
+                     groups - pl.program_id(1) * program_groups)
   maxima = jax.lax.fori_loop(0, last, score,
                              jnp.zeros(out_ref.shape, jnp.float32))
   # The last span's block reaches past the table's groups, and Triton
@@ -174,7 +175,7 @@ def _gpu_maxima(queries, rows, bias, group: int, program_groups: int,
   # memory once, the rest from the L2 cache.
   maxima = pl.pallas_call(
       functools.partial(_queries_major_kernel, group=group,
-                        groups=program_groups, total=groups),
+                        program_groups=program_groups, groups=groups),
       out_shape=jax.ShapeDtypeStruct((queries.shape[0], groups), jnp.float32),
       grid=(queries.shape[0] // block, pl.cdiv(groups, program_groups)),
       in_specs=[pl.BlockSpec((block, dim), lambda q, s: (q, 0)),
