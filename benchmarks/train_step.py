@@ -274,13 +274,13 @@ def accelerator(options) -> list[dict]:
   base = {'benchmark': 'train_step', 'device': device.device_kind,
           'compiler': versions(), 'run': 'pretrain', 'model': model,
           'setup': os.path.relpath(setups[0], os.path.dirname(GIN_DIR))}
-  rows, longest, peak_before = [], 0.0, 0.0
+  # The longest row so far, by whether its layers were unrolled.
+  rows, longest, peak_before = [], {}, 0.0
   for batch, remat, unroll, cached in rows_asked:
     asked = {**base, 'batch': batch, 'remat': remat, 'scan_unroll': unroll,
              'compiled': 'from the cache' if cached else 'here'}
-    # Each row compiles again, but the one from the cache; the unrolled
-    # step's compile took 2.3x the scanned one's on an H100.
-    estimate = longest * (0.5 if cached else 2.6 if unroll > 1 else 1.3)
+    unrolled = unroll > 1
+    estimate = _row_estimate(longest, unrolled, cached)
     if time_left() < estimate:
       rows.append({**asked, 'skipped': f'time budget: {time_left():.0f} s '
                                        f'left, the row needs about '
@@ -306,8 +306,21 @@ def accelerator(options) -> list[dict]:
                  'peak_memory_gib': peak if peak > peak_before else None})
     peak_before = max(peak, peak_before)
     print(rows[-1], flush=True)
-    longest = max(longest, time.perf_counter() - start)
+    longest[unrolled] = max(longest.get(unrolled, 0.0),
+                            time.perf_counter() - start)
   return rows
+
+
+def _row_estimate(longest: dict, unrolled: bool, cached: bool) -> float:
+  """Seconds a train-step row will take, from the longest row of its form
+  so far (`longest`: unrolled or not -> seconds): each row compiles again
+  but the one from the cache. The unrolled step's first compile took 2.3x
+  the scanned one's on an H100; after it, an unrolled row is like it."""
+  if cached:
+    return 0.5 * longest.get(False, 0.0)
+  if longest.get(unrolled):
+    return 1.3 * longest[unrolled]
+  return (2.6 if unrolled else 1.3) * max(longest.values(), default=0.0)
 
 
 def run(options) -> list[dict]:

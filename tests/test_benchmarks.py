@@ -240,6 +240,34 @@ def test_the_accelerator_train_rows_follow_the_cards_memory(monkeypatch):
 
 
 @pytest.mark.unit
+def test_the_accelerator_train_rows_expect_their_time_by_form(monkeypatch):
+  """With 80 s left for each row: the first unrolled row is expected to
+  take 2.6x the scanned ones (30 s each here), and runs; the one after it
+  is expected to take about what it took (60 s), and runs too."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  from benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  clock = [0.0]
+
+  def step(run_name, model, batch, steps, dtype, bindings, setups=()):
+    del run_name, model, batch, steps, dtype, setups
+    clock[0] += 60.0 if bindings[-1].endswith('12') else 30.0
+    return {'step_seconds': 0.1}
+  monkeypatch.setattr(train_step, 'measure', step)
+  monkeypatch.setattr(train_step, 'time',
+                      types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(train_step, '_memory_limit', lambda: 80 * 2 ** 30)
+  rows = train_step.accelerator(argparse.Namespace(quick=False,
+                                                   time_left=lambda: 80.0))
+  assert [(r['batch'], r['scan_unroll'], 'skipped' in r) for r in rows] == [
+      (64, 1, False), (8, 1, False), (8, 1, False), (8, 12, False),
+      (32, 12, False)]
+  assert train_step._row_estimate({False: 30.0}, True, False) == 78.0  # pylint: disable=protected-access
+  assert train_step._row_estimate({False: 30.0, True: 60.0}, True,  # pylint: disable=protected-access
+                                  False) == 78.0
+
+
+@pytest.mark.unit
 def test_a_profile_sums_each_device_line_by_name_and_kind(tmp_path):
   from benchmarks import profile  # pylint: disable=g-import-not-at-top
   meta = lambda pid, tid, what, name: {
