@@ -260,7 +260,8 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
   sweep cut short by its time budget keeps the ones that matter): the
   platform's default, on accelerators the group maxima in one kernel
   ('fused': the scores never written; its programs each scoring 4 or 16
-  groups in turn, their queries loaded once), bigger chunks (fewer kernel
+  groups in turn, their queries loaded once, and 256 queries a program),
+  bigger chunks (fewer kernel
   launches; [512 x chunk] float32 scores: 2 GB at 1M rows), group sizes,
   the one-pass `top_k`, small chunks (their scores fit in the L2 cache),
   unrolled scans, the previous defaults and `approx_max_k`."""
@@ -281,6 +282,8 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
     grid = [default,
             *(Selection(1 << 20, 'fused', 128, program_groups=n)
               for n in (1, 4, 16)),
+            Selection(1 << 20, 'fused', 128, program_groups=16,
+                      program_queries=256),
             *(Selection(1 << 20, 'fused', g) for g in (256, 64)),
             Selection(1 << 20, 'two_stage', 256),
             Selection(1 << 20, 'two_stage', 128),
@@ -299,10 +302,15 @@ def sweep_selections(platform: str, quick: bool = False) -> list:
 
 
 def _group(selection) -> str | int:
-  """The table's group: rows per group, and for 'fused' the groups a
-  program scores ('128 x 16')."""
-  if selection.method == 'fused' and selection.program_groups > 1:
-    return f'{selection.group} x {selection.program_groups}'
+  """The table's group: rows per group, and for 'fused' beside it the
+  groups and queries a GPU program scores when not the default's ('128, 16
+  x 256 a program')."""
+  from realm_jax.index.group_maxima import BLOCK_QUERIES  # pylint: disable=g-import-not-at-top
+  if selection.method == 'fused' and (
+      selection.program_groups, selection.program_queries) != (
+          1, BLOCK_QUERIES):
+    return (f'{selection.group}, {selection.program_groups} x '
+            f'{selection.program_queries} a program')
   return selection.group if selection.method in ('two_stage', 'fused') else ''
 
 
@@ -379,7 +387,8 @@ def sweep(num_rows: int, dim: int = 128, queries: int = BATCH, k: int = K,
     row = {**base, 'program': program, 'method': selection.method,
            'chunk_size': selection.chunk_size,
            'group': _group(selection), 'unroll': selection.unroll,
-           'program_groups': selection.program_groups}
+           'program_groups': selection.program_groups,
+           'program_queries': selection.program_queries}
     if budget_s is not None and (time.perf_counter() - began + needed
                                  > budget_s):
       rows.append({**row, 'skipped': f'time budget of {budget_s:.0f} s '

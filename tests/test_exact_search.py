@@ -78,7 +78,6 @@ def test_sharded_search_with_ties_and_exclusions(num_devices, ties, method):
     Selection(4096, 'approx_max_k', recall_target=0.9),
     Selection(method='fused', group=128),  # 78 groups, then 16 rows.
     Selection(method='fused', group=80),  # Whole groups only.
-    Selection(method='fused', group=64, program_groups=16),  # A part span.
 ], ids=str)
 @pytest.mark.parametrize('ties', [False, True])
 def test_large_chunks_are_exact_for_every_selection(ties, selection):
@@ -140,8 +139,10 @@ def test_every_platform_has_a_default_and_only_tpus_approximate():
     Selection(method='sort')
   with pytest.raises(ValueError, match='positive'):
     Selection(group=0)
-  with pytest.raises(ValueError, match='power of two'):
+  with pytest.raises(ValueError, match='program_groups=3: a power of two'):
     Selection(method='fused', program_groups=3)
+  with pytest.raises(ValueError, match='program_queries=512'):
+    Selection(method='fused', program_queries=512)
   with pytest.raises(ValueError, match='not both'):
     ExactSearcher(np.ones((4, 2), np.float32), selection=Selection(),
                   chunk_size=2)

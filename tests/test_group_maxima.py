@@ -44,10 +44,10 @@ def _inputs(num_queries, num_rows, dim, dtype, group=64, seed=0):
 ])
 @pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float32])
 def test_kernels_equal_the_xla_form(platform, num_queries, num_rows, group,
-                                    dtype, program_groups=1):
+                                    dtype, **program):
   queries, rows, bias = _inputs(num_queries, num_rows, 32, dtype, group)
   got = group_maxima(queries, rows, bias, group, platform, interpret=True,
-                     program_groups=program_groups)
+                     **program)
   assert got.shape == (num_queries, num_rows // group)
   assert got.dtype == jnp.float32
   assert np.all(np.isneginf(got[:, 0]))  # The group of no usable row.
@@ -58,24 +58,28 @@ def test_kernels_equal_the_xla_form(platform, num_queries, num_rows, group,
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize('num_rows,program_groups', [
-    (1024, 4),         # 16 groups: 4 whole spans.
-    (1024 + 200, 4),   # 19 groups: the last span of 3, then 8 rows.
-    (192, 16),         # 3 groups: one span, most of it past the table.
+@pytest.mark.parametrize('num_queries,num_rows,program_groups', [
+    (9, 1024, 4),        # 16 groups: 4 whole spans.
+    (9, 1024 + 200, 4),  # 19 groups: the last span of 3, then 8 rows.
+    (9, 192, 16),        # 3 groups: one span, most of it past the table.
+    (40, 1024 + 200, 4),  # 3 blocks of 16 queries, the last 8 padding.
 ])
 @pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float32])
 def test_gpu_programs_scoring_several_groups_equal_the_xla_form(
-    num_rows, program_groups, dtype):
+    num_queries, num_rows, program_groups, dtype):
   """A GPU program scores `program_groups` groups in turn, its queries
   loaded once; the last program stops at the table's last whole group."""
-  test_kernels_equal_the_xla_form('gpu', 9, num_rows, 64, dtype,
-                                  program_groups)
+  test_kernels_equal_the_xla_form('gpu', num_queries, num_rows, 64, dtype,
+                                  program_groups=program_groups,
+                                  program_queries=16)
 
 
-def test_program_groups_must_be_a_power_of_two():
+def test_a_gpu_programs_shape_is_checked():
   queries, rows, bias = _inputs(2, 128, 16, jnp.float32)
-  with pytest.raises(ValueError, match='power of two'):
+  with pytest.raises(ValueError, match='program_groups=6: a power of two'):
     group_maxima(queries, rows, bias, 64, 'gpu', program_groups=6)
+  with pytest.raises(ValueError, match='program_queries=8: a power of two'):
+    group_maxima(queries, rows, bias, 64, 'gpu', program_queries=8)
 
 
 def _kernel_calls(fn, *args) -> int:
@@ -109,8 +113,13 @@ def test_queries_must_have_the_rows_dtype():
     group_maxima(queries, rows.astype(jnp.bfloat16), bias, 64, 'gpu')
 
 
-@pytest.mark.parametrize('platform', ['gpu', 'tpu'])
-def test_exact_search_with_each_kernel_is_exact(platform, monkeypatch):
+@pytest.mark.parametrize('platform,program', [
+    ('gpu', {}), ('tpu', {}),
+    # 39 groups: 2 spans of 16 and one of 7; 9 queries in a block of 16.
+    ('gpu', {'program_groups': 16, 'program_queries': 16}),
+])
+def test_exact_search_with_each_kernel_is_exact(platform, program,
+                                                monkeypatch):
   """The whole search, the platform's kernel interpreted (on a TPU: 2 steps
   of 16 groups, 7 groups in the XLA form, 8 rows after the last group);
   each query's best rows excluded."""
@@ -127,7 +136,8 @@ def test_exact_search_with_each_kernel_is_exact(platform, monkeypatch):
   exclude = np.argsort(-truth, axis=1)[:, :2].astype(np.int32)
   np.put_along_axis(truth, exclude, -np.inf, axis=1)
   scores, ids = exact._exact_search(queries, docs, jnp.asarray(exclude), 8,
-                                    Selection(method='fused', group=128),
+                                    Selection(method='fused', group=128,
+                                              **program),
                                     platform)
   assert calls == [platform]
   expected = np.argsort(-truth, axis=1, kind='stable')[:, :8]
@@ -162,7 +172,7 @@ def test_the_gpu_search_lowers_to_its_triton_kernel(program_groups):
 # XLA:GPU's compile of the paper's first stage for an H100, in a process
 # that loads JAX's CUDA plugin before JAX starts; its PTX dumped.
 GPU_COMPILE = """
-import json, pathlib, re, sys
+import json, pathlib, re, shutil, subprocess, sys
 from realm_jax import gpu_compiler
 gpu_compiler.use()
 import jax, jax.numpy as jnp
@@ -174,16 +184,26 @@ args = [jax.ShapeDtypeStruct(shape, dtype, sharding=one) for shape, dtype in (
     ((512, 128), jnp.bfloat16), ((rows, 128), jnp.bfloat16),
     ((rows,), jnp.float32))]
 found = {}
-for program_groups in (1, 16):
-  dump = pathlib.Path(sys.argv[1]) / str(program_groups)
+for program_groups, program_queries in ((1, 128), (16, 128), (16, 256)):
+  name = f'{program_groups}x{program_queries}'
+  dump = pathlib.Path(sys.argv[1]) / name
   compiled = jax.jit(lambda q, r, b: group_maxima(
-      q, r, b, 128, 'gpu', program_groups=program_groups)).trace(
-          *args).lower(lowering_platforms=('cuda',)).compile(
-              {'xla_dump_to': str(dump)})
-  ptx = [f.read_text() for f in dump.glob('*.ptx')]
-  kernel = [text for text in ptx if '.entry group_maxima' in text]
-  found[program_groups] = {
-      'kernels': len(kernel), 'ptx': len(ptx),
+      q, r, b, 128, 'gpu', program_groups=program_groups,
+      program_queries=program_queries)).trace(*args).lower(
+          lowering_platforms=('cuda',)).compile({'xla_dump_to': str(dump)})
+  files = [f for f in dump.glob('*.ptx') if '.entry group_maxima' in
+           f.read_text()]
+  kernel = [f.read_text() for f in files]
+  # Where CUDA's assembler is installed, what it makes of the kernel.
+  assembled = [subprocess.run(
+      [shutil.which('ptxas'), '-arch=sm_90a', '-v', str(f), '-o',
+       str(f.with_suffix('.cubin'))], capture_output=True, text=True,
+      check=True).stderr for f in files] if shutil.which('ptxas') else []
+  found[name] = {
+      'spilled': sum(int(n) for text in assembled
+                     for n in re.findall(r'(\\d+) bytes spill', text)),
+      'assembled': len(assembled),
+      'kernels': len(kernel),
       'temp_bytes': compiled.memory_analysis().temp_size_in_bytes,
       'tensor_core': sum(text.count('wgmma.mma_async') for text in kernel),
       'local': sum(text.count('.local') for text in kernel),
@@ -199,26 +219,30 @@ print(json.dumps(found))
                     'is not installed apart: `make gpu-compiler` installs it')
 def test_xla_gpu_compiles_the_gpu_kernel_for_an_h100(tmp_path):
   """The paper's first stage compiled to PTX for an H100 (sm_90a) without
-  one: a Triton kernel on the tensor cores (wgmma), nothing spilled to
-  local memory, nothing but the maxima written; a program scoring 16
-  groups streams its rows into shared memory asynchronously, its queries
-  loaded once (one group a program loads both with plain loads), and
-  stores under a mask: the last program's block of 16 reaches past the
-  table's 104,325 groups, and unmasked its last 11 columns would overwrite
-  the next query's first groups."""
+  one, for programs of 1 group and 128 queries, 16 and 128, 16 and 256: a
+  Triton kernel on the tensor cores (wgmma), no local memory, nothing but
+  the maxima written, and where CUDA's assembler is installed, nothing
+  spilled. A program scoring 16 groups streams their rows into shared
+  memory asynchronously, its queries loaded once (one group a program
+  loads both with plain loads), and stores under a mask: the last
+  program's block of 16 reaches past the table's 104,325 groups, and
+  unmasked its last 11 columns would overwrite the next query's first
+  groups."""
   process = subprocess.run(
       [sys.executable, '-c', GPU_COMPILE, str(tmp_path)], cwd=REPO,
       env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, capture_output=True,
       text=True, timeout=300, check=False)
   assert process.returncode == 0, process.stderr
   found = json.loads(process.stdout.strip().splitlines()[-1])
-  for program_groups, kernel in found.items():
-    assert kernel['kernels'] == 1, (program_groups, kernel)
+  for program, kernel in found.items():
+    assert kernel['kernels'] == 1, (program, kernel)
     assert kernel['tensor_core'] > 0 and kernel['local'] == 0, kernel
-    assert kernel['temp_bytes'] == 0, kernel
-  assert found['1']['async_copies'] == 0
-  assert found['16']['async_copies'] > 0
-  assert found['16']['stores'] == found['16']['masked_stores'] > 0
+    assert kernel['temp_bytes'] == 0 and kernel['spilled'] == 0, kernel
+    assert kernel['assembled'] in (0, 1), kernel
+  assert found['1x128']['async_copies'] == 0
+  for program in ('16x128', '16x256'):
+    assert found[program]['async_copies'] > 0
+    assert found[program]['stores'] == found[program]['masked_stores'] > 0
 
 
 # Run in a process of its own: libtpu, once loaded, stays.

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from realm_jax.index.group_maxima import group_maxima, precision_for
+from realm_jax.index.group_maxima import (BLOCK_QUERIES, check_program,
+                                          group_maxima, precision_for)
 from realm_jax.models import target
 
 AXIS = 'index'
@@ -49,15 +50,17 @@ class Selection:
   chunk's top-k is chosen (`method`, one of METHODS; `group`: rows per
   group of 'two_stage' and 'fused'; `recall_target`: 'approx_max_k''s);
   `unroll`: chunks per iteration of the scan. 'fused' has no chunks: it
-  scores the whole table at once without writing the scores;
-  `program_groups`: groups its GPU kernel's program scores in turn, its
-  queries loaded once for them (a power of two)."""
+  scores the whole table at once without writing the scores; its GPU
+  kernel's program scores `program_queries` queries against
+  `program_groups` groups in turn, the queries loaded once for them
+  (`group_maxima.check_program`)."""
   chunk_size: int = 65536
   method: str = 'two_stage'
   group: int = 128
   recall_target: float = 0.95
   unroll: int = 1
   program_groups: int = 1
+  program_queries: int = BLOCK_QUERIES
 
   def __post_init__(self):
     if self.method not in METHODS:
@@ -68,9 +71,7 @@ class Selection:
                        'positive.')
     if not 0 < self.recall_target <= 1:
       raise ValueError(f'{self}: recall_target must be in (0, 1].')
-    if self.program_groups < 1 or self.program_groups & (
-        self.program_groups - 1):
-      raise ValueError(f'{self}: program_groups must be a power of two.')
+    check_program(self.program_queries, self.program_groups)
 
   @property
   def exact(self) -> bool:
@@ -106,14 +107,16 @@ def selection_for(platform: str, chunk_size: int | None = None,
                   method: str | None = None, group: int | None = None,
                   recall_target: float | None = None,
                   unroll: int | None = None,
-                  program_groups: int | None = None) -> Selection:
+                  program_groups: int | None = None,
+                  program_queries: int | None = None) -> Selection:
   """`platform`'s default selection, with the fields given overridden."""
   if platform not in DEFAULT_SELECTION:
     raise ValueError(f'platform {platform!r}; expected one of '
                      f'{tuple(DEFAULT_SELECTION)}.')
   given = {'chunk_size': chunk_size, 'method': method, 'group': group,
            'recall_target': recall_target, 'unroll': unroll,
-           'program_groups': program_groups}
+           'program_groups': program_groups,
+           'program_queries': program_queries}
   return dataclasses.replace(
       DEFAULT_SELECTION[platform],
       **{name: value for name, value in given.items() if value is not None})
@@ -174,11 +177,12 @@ def _chunk_top_k(scores, k: int, selection: Selection, valid):
 
 
 def _fused_top_k_of_rows(queries, rows, live, first_id, num_docs,
-                         exclude_ids, k: int, group: int, platform: str,
-                         program_groups: int):
+                         exclude_ids, k: int, selection: Selection,
+                         platform: str):
   """The two-stage top-k over every row at once, its first stage one
-  kernel (`group_maxima`) that reads `rows` in place and keeps the scores
-  on chip: no chunks, so the rows are never sliced.
+  kernel (`group_maxima`, in the selection's groups and programs) that
+  reads `rows` in place and keeps the scores on chip: no chunks, so the
+  rows are never sliced.
 
   The maxima are over the rows that may be returned (live, real ids) but
   not the per-query exclusions: each excluded id can lift one group's
@@ -188,7 +192,7 @@ def _fused_top_k_of_rows(queries, rows, live, first_id, num_docs,
   float32 sums may differ from these in the last bits, which can only
   matter where two groups' maxima are that close at the last group taken).
   """
-  num_rows = rows.shape[0]
+  num_rows, group = rows.shape[0], selection.group
   groups, tail = divmod(num_rows, group)
   ids = first_id + jnp.arange(num_rows, dtype=jnp.int32)
   usable = live & (ids < num_docs)
@@ -197,7 +201,9 @@ def _fused_top_k_of_rows(queries, rows, live, first_id, num_docs,
       (queries.shape[0], tail))]
   if groups:
     maxima = group_maxima(queries, rows, jnp.where(usable, 0.0, -jnp.inf),
-                          group, platform, program_groups=program_groups)
+                          group, platform,
+                          program_queries=selection.program_queries,
+                          program_groups=selection.program_groups)
     _, best = jax.lax.top_k(maxima, min(k + exclude_ids.shape[1], groups))
     best = jnp.sort(best, axis=1)  # Id order: ties go to the lower id.
     positions.insert(0, (best[:, :, None] * group + jnp.arange(
@@ -228,8 +234,7 @@ def _top_k_of_rows(queries, rows, live, first_id, num_docs, exclude_ids,
   if selection.method == 'fused':
     return _fused_top_k_of_rows(queries.astype(rows.dtype), rows, live,
                                 first_id, num_docs, exclude_ids, k,
-                                selection.group, platform,
-                                selection.program_groups)
+                                selection, platform)
   num_rows = rows.shape[0]
   group = selection.group if selection.method == 'two_stage' else 1
   chunk_size = min(selection.chunk_size, num_rows)

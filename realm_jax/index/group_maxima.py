@@ -12,8 +12,8 @@ group's maximum per query: a `group`-th of those bytes. It reads the rows
 in place, the whole table at once: no chunk of it is sliced or copied.
 
 Kernels, by the platform the program is for:
-  - GPU (Triton): a program per block of `BLOCK_QUERIES` queries and span
-    of `program_groups` groups, for groups Triton takes as one tile
+  - GPU (Triton): a program per block of `program_queries` queries and
+    span of `program_groups` groups, for groups Triton takes as one tile
     (`triton_tiles`); it loads its queries once and scores the span's
     groups in turn, the last span only the groups left.
   - TPU (Mosaic): a program per `TPU_GROUPS_PER_STEP` groups, every query
@@ -31,9 +31,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-# Queries a GPU program scores at once: a [group x 128] float32 block of
-# scores per program stays in registers for groups of up to 256.
+# Queries a GPU program scores at once, by default and at most: a [group x
+# 128] float32 block of scores per program stays in registers for groups of
+# up to 256; blocks of 256 queries compile for an H100 without spilling too
+# (docs/benchmarks.md, "What bounds the search").
 BLOCK_QUERIES = 128
+TRITON_MAX_QUERIES = 256
 # Triton's largest group, and the largest tile of rows, one program takes
 # in one product (the rest of its shared memory holds the queries).
 TRITON_MAX_GROUP = 256
@@ -154,8 +157,19 @@ def _padded(queries, multiple: int):
   return jnp.pad(queries, ((0, padding), (0, 0))) if padding else queries
 
 
-def _gpu_maxima(queries, rows, bias, group: int, program_groups: int,
-                interpret: bool):
+def check_program(program_queries: int, program_groups: int) -> None:
+  """A GPU program's shape: powers of two, at most TRITON_MAX_QUERIES
+  queries of at least 16 (Triton's smallest product)."""
+  if program_groups < 1 or program_groups & (program_groups - 1):
+    raise ValueError(f'program_groups={program_groups}: a power of two.')
+  if not (16 <= program_queries <= TRITON_MAX_QUERIES
+          and program_queries & (program_queries - 1) == 0):
+    raise ValueError(f'program_queries={program_queries}: a power of two '
+                     f'from 16 to {TRITON_MAX_QUERIES}.')
+
+
+def _gpu_maxima(queries, rows, bias, group: int, program_queries: int,
+                program_groups: int, interpret: bool):
   """[Q, n // group]: one Triton program per block of queries and span of
   `program_groups` groups (the last span: those left).
 
@@ -166,7 +180,7 @@ def _gpu_maxima(queries, rows, bias, group: int, program_groups: int,
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental.pallas import triton as plgpu
   num_queries, dim = queries.shape
-  block = min(BLOCK_QUERIES, max(16, pl.next_power_of_2(num_queries)))
+  block = min(program_queries, max(16, pl.next_power_of_2(num_queries)))
   queries = _padded(queries, block)
   span = program_groups * group
   groups = rows.shape[0] // group
@@ -209,20 +223,21 @@ def _tpu_maxima(queries, rows, bias, group: int, steps: int,
 
 
 def group_maxima(queries, rows, bias, group: int, platform: str,
-                 interpret: bool = False, program_groups: int = 1):
+                 interpret: bool = False, program_groups: int = 1,
+                 program_queries: int = BLOCK_QUERIES):
   """`reference`'s [Q, n // group] float32 maxima of the whole groups, by
-  `platform`'s kernel where it has one (see the module's docstring);
-  `program_groups`: groups a GPU program scores in turn (a power of two).
-  The queries must have the rows' dtype; the products accumulate in
-  float32, at full precision for float32 rows."""
+  `platform`'s kernel where it has one (see the module's docstring); a GPU
+  program scores `program_queries` queries against `program_groups` groups
+  in turn (`check_program`). The queries must have the rows' dtype; the
+  products accumulate in float32, at full precision for float32 rows."""
   if queries.dtype != rows.dtype:
     raise ValueError(f'queries of {queries.dtype} against rows of '
                      f'{rows.dtype}: give both the same dtype.')
-  if program_groups < 1 or program_groups & (program_groups - 1):
-    raise ValueError(f'program_groups={program_groups}: a power of two.')
+  check_program(program_queries, program_groups)
   num_rows, dim = rows.shape
   if platform == 'gpu' and triton_tiles(group, dim, rows.dtype.itemsize):
-    return _gpu_maxima(queries, rows, bias, group, program_groups, interpret)
+    return _gpu_maxima(queries, rows, bias, group, program_queries,
+                       program_groups, interpret)
   steps = num_rows // (TPU_GROUPS_PER_STEP * group)
   if platform == 'tpu' and group % TPU_LANES == 0 and steps:
     head = steps * TPU_GROUPS_PER_STEP * group
