@@ -80,6 +80,10 @@ def test_a_gpu_programs_shape_is_checked():
     group_maxima(queries, rows, bias, 64, 'gpu', program_groups=6)
   with pytest.raises(ValueError, match='program_queries=8: a power of two'):
     group_maxima(queries, rows, bias, 64, 'gpu', program_queries=8)
+  with pytest.raises(ValueError, match='groups of 256: at most 32,768'):
+    exact.Selection(method='fused', group=256, program_queries=256)
+  # Groups the kernel does not take: the XLA form, any program.
+  assert exact.Selection(group=512, program_queries=256).group == 512
 
 
 def _kernel_calls(fn, *args) -> int:

@@ -71,7 +71,7 @@ class Selection:
                        'positive.')
     if not 0 < self.recall_target <= 1:
       raise ValueError(f'{self}: recall_target must be in (0, 1].')
-    check_program(self.program_queries, self.program_groups)
+    check_program(self.program_queries, self.program_groups, self.group)
 
   @property
   def exact(self) -> bool:

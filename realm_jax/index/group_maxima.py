@@ -31,12 +31,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-# Queries a GPU program scores at once, by default and at most: a [group x
-# 128] float32 block of scores per program stays in registers for groups of
-# up to 256; blocks of 256 queries compile for an H100 without spilling too
-# (docs/benchmarks.md, "What bounds the search").
+# Queries a GPU program scores at once, by default and at most, and the
+# largest [queries x group] float32 block of scores a program keeps: in
+# registers for 128 x 256 and 256 x 128, spilled for 256 x 256 (XLA:GPU's
+# compile for an H100 assembled by ptxas; docs/benchmarks.md, "What bounds
+# the search").
 BLOCK_QUERIES = 128
 TRITON_MAX_QUERIES = 256
+TRITON_MAX_SCORES = 128 * 256
 # Triton's largest group, and the largest tile of rows, one program takes
 # in one product (the rest of its shared memory holds the queries).
 TRITON_MAX_GROUP = 256
@@ -157,15 +159,22 @@ def _padded(queries, multiple: int):
   return jnp.pad(queries, ((0, padding), (0, 0))) if padding else queries
 
 
-def check_program(program_queries: int, program_groups: int) -> None:
+def check_program(program_queries: int, program_groups: int,
+                  group: int) -> None:
   """A GPU program's shape: powers of two, at most TRITON_MAX_QUERIES
-  queries of at least 16 (Triton's smallest product)."""
+  queries of at least 16 (Triton's smallest product), and for groups the
+  kernel takes, at most TRITON_MAX_SCORES scores at once."""
   if program_groups < 1 or program_groups & (program_groups - 1):
     raise ValueError(f'program_groups={program_groups}: a power of two.')
   if not (16 <= program_queries <= TRITON_MAX_QUERIES
           and program_queries & (program_queries - 1) == 0):
     raise ValueError(f'program_queries={program_queries}: a power of two '
                      f'from 16 to {TRITON_MAX_QUERIES}.')
+  if (group <= TRITON_MAX_GROUP
+      and program_queries * group > TRITON_MAX_SCORES):
+    raise ValueError(f'program_queries={program_queries} against groups of '
+                     f'{group}: at most {TRITON_MAX_SCORES:,} scores a '
+                     'program (more spill out of registers).')
 
 
 def _gpu_maxima(queries, rows, bias, group: int, program_queries: int,
@@ -233,7 +242,7 @@ def group_maxima(queries, rows, bias, group: int, platform: str,
   if queries.dtype != rows.dtype:
     raise ValueError(f'queries of {queries.dtype} against rows of '
                      f'{rows.dtype}: give both the same dtype.')
-  check_program(program_queries, program_groups)
+  check_program(program_queries, program_groups, group)
   num_rows, dim = rows.shape
   if platform == 'gpu' and triton_tiles(group, dim, rows.dtype.itemsize):
     return _gpu_maxima(queries, rows, bias, group, program_queries,
