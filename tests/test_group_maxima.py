@@ -158,14 +158,21 @@ def test_the_gpu_search_lowers_to_its_triton_kernel(program_groups):
   to the card, and the card's limits, only on a GPU). The kernel writes
   the maxima queries-major, straight into the top-k over groups: a
   transposed [groups, Q] reached XLA:GPU's TopK kernel as a column-major
-  bitcast, which it read as row-major (the wrong groups, on an H100)."""
+  bitcast, which it read as row-major (the wrong groups, on an H100). The
+  card is named to the lowering (an abstract device): JAX 0.11's Pallas
+  asks for one where no GPU is attached, where 0.10 assumed one."""
   args = (jax.ShapeDtypeStruct((512, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((13_353_718, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((512, 1), jnp.int32))
-  lowered = exact._exact_search.trace(
-      *args, 8, Selection(method='fused', group=256,
-                          program_groups=program_groups), 'gpu').lower(
-          lowering_platforms=('cuda',))
+  h100 = aot.GPUS['h100']
+  card = jax.sharding.AbstractMesh((1,), ('card',), abstract_device=(
+      jax.sharding.AbstractDevice(device_kind=h100.device_kind,
+                                  num_cores=h100.cores, platform='gpu')))
+  with jax.sharding.use_abstract_mesh(card):
+    lowered = exact._exact_search.trace(
+        *args, 8, Selection(method='fused', group=256,
+                            program_groups=program_groups), 'gpu').lower(
+            lowering_platforms=('cuda',))
   text = lowered.as_text()
   calls = re.findall(r'custom_call @([\w$.]+)', text)
   assert calls == ['__gpu$xla.gpu.triton']

@@ -489,3 +489,22 @@ def test_kill_stops_both(tmp_path):
   assert signal.getsignal(signal.SIGTERM) is before
   assert not _alive(_pid(tmp_path, 'trainer'))
   assert not _alive(_pid(tmp_path, 'builder'))
+
+
+def test_the_gpu_image_check_installs_what_the_bundle_carries():
+  """`make test-gpu-image` installs the core on the GPU image's stack
+  (constraints-gpu-image.txt) with the wheels the bundle carries to that
+  image, on the bundle's Python: a wheel changed in one place only would
+  be tested on CPU at a version no GPU machine runs."""
+  from launch import bundle  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, 'constraints-gpu-image.txt')) as f:
+    pins = {line.strip() for line in f
+            if line.strip() and not line.startswith('#')}
+  assert set(bundle.WHEELS) <= pins
+  assert {pin.split('==')[0] for pin in pins} >= {
+      'jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint'}
+  with open(os.path.join(repo, 'Makefile')) as f:
+    makefile = f.read()
+  assert f'python{bundle.TARGET_PYTHON}' in makefile
+  assert '-c constraints-gpu-image.txt' in makefile
