@@ -474,14 +474,17 @@ def compile_and_fit(run: RunKind, batch_size: int, num_steps: int,
     train_step.seconds_at_mfu = train_step.flops / (
         MFU * target.chip.peak_tflops * 1e12)
 
+  # The builder embeds blocks cut as the run reads them (an ICT run's towers
+  # may hold fewer positions than the corpus's blocks have wordpieces).
+  embed_length = run.block_length or block_length
   embedder_retriever = model_retriever()
   embedder = DocumentEmbedder(embedder_retriever, embed_batch_size,
                               devices[:builder_devices])
   traced = embedder.trace(_unsharded(
-      trainer.abstract_state.params['retriever']), block_length)
+      trainer.abstract_state.params['retriever']), embed_length)
   embed_step = _analyse(
       'embed step', target, builder_devices,
-      f'{embed_batch_size} blocks x {block_length}', traced.lower(),
+      f'{embed_batch_size} blocks x {embed_length}', traced.lower(),
       jaxpr=traced.jaxpr)
 
   search_mesh = index_mesh(devices[:builder_devices])

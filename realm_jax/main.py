@@ -110,8 +110,9 @@ def main(argv=None, exit_at_once: bool = False) -> int:
   down (TensorFlow's and XLA's objects) takes about a second, a fifth of
   the time a question's answer takes.
   """
-  args = _parser().parse_args(common.gin_flags(
-      sys.argv[1:] if argv is None else argv))
+  parser = _parser()
+  args = parser.parse_args(common.gin_flags(
+      parser, sys.argv[1:] if argv is None else argv))
   try:
     if args.command in BEFORE_JAX:
       BEFORE_JAX[args.command](args)

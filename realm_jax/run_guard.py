@@ -40,6 +40,9 @@ PUBLISH_LOCK = 'publish.lock'
 # read an existing run directory differently. 2: each BERT's layers stacked
 # under 'layers' (nn.scan), where 1 had `layer_0`, `layer_1`, ...
 RUN_FORMAT = 2
+# What a command that only reads a run reads: format 1's layers are stacked
+# as they are read (`run_directory.restore_params`).
+READABLE_FORMATS = (run_directory.UNROLLED_LAYERS_FORMAT, RUN_FORMAT)
 CHECKPOINT_ITEMS = sorted([params_item('retriever'), params_item('reader'),
                            TRAIN_STATE, DATA_POSITION])
 
@@ -179,6 +182,17 @@ def check_format(model_dir: str) -> None:
     written.replace(path)  # Whole for other processes reading it meanwhile.
 
 
+def check_readable(model_dir: str) -> None:
+  """Refuses (FormatMismatch) a run directory that a command reading it
+  (`run_loader.load_run`) would misread: a format file it cannot read, or
+  one that names another layout than this code's or format 1's (whose
+  layers are stacked as they are read). Writes nothing."""
+  path = epath.Path(model_dir) / FORMAT_FILE
+  if path.exists():
+    _compare(_read(path), str(path), READABLE_FORMATS,
+             'Read it with the code version that wrote it.')
+
+
 def _read(path: epath.Path) -> dict:
   try:
     recorded = json.loads(path.read_text())
@@ -186,26 +200,33 @@ def _read(path: epath.Path) -> dict:
       raise ValueError(f'a JSON {type(recorded).__name__}, not an object')
     return recorded
   except ValueError as error:
+    formats = {key: current_format()[key]
+               for key in ('format', 'checkpoint_items')}
     raise FormatMismatch(
-        f'{path} is unreadable ({error}). If this run was written by this '
-        'code version, delete it (it is written again); otherwise use the '
+        f'{path} is unreadable ({error}). If this code version wrote the '
+        f'run, write {json.dumps(formats)} into it; otherwise use the '
         'version that wrote the run, or a new model_dir.') from error
 
 
-def _compare(recorded: dict, source: str) -> None:
+def _compare(recorded: dict, source: str, formats=(RUN_FORMAT,),
+             advice: str = 'Resume it with the code version that wrote it, '
+             'or use a new model_dir.') -> None:
+  """Raises FormatMismatch unless `recorded` is of one of `formats`, with
+  this code's checkpoint items."""
   current = current_format()
   differences = [
       f'{name} {recorded.get(key)!r} there, {current[key]!r} here'
-      for key, name in (('format', 'format'),
-                        ('checkpoint_items', 'checkpoint items'))
-      if recorded.get(key) != current[key]]
+      for key, name, same in (
+          ('format', 'format', recorded.get('format') in formats),
+          ('checkpoint_items', 'checkpoint items',
+           recorded.get('checkpoint_items') == current['checkpoint_items']))
+      if not same]
   written_by = recorded.get('realm_jax', 'an unrecorded version')
   if differences:
     raise FormatMismatch(
         f'{source}: this run directory was written by realm_jax {written_by} '
         f'in another layout than this code reads: {"; ".join(differences)}. '
-        'Resume it with the code version that wrote it, or use a new '
-        'model_dir.')
+        + advice)
   if 'realm_jax' in recorded and written_by != current['realm_jax']:
     log.warning('%s was written by realm_jax %s, this is %s; its layout is '
                 'the same, so the run goes on.', source, written_by,

@@ -57,6 +57,17 @@ TREC_TEST = [('what animal is striped?', 'zeb.a'),
 DIM = 128  # tiny.gin's projection.
 
 
+def run_cli(argv, capsys) -> tuple[int, str]:
+  """(exit code, everything printed) of a `realm-jax` command run here."""
+  gin.clear_config()
+  try:
+    code = main.main(argv)
+  except SystemExit as exit_:  # argparse's own usage errors.
+    code = exit_.code
+  printed = capsys.readouterr()
+  return code, printed.out + printed.err
+
+
 def train_tiny(model_dir, run_file, *flags):
   return main.main(['train', f'--model_dir={model_dir}',
                     f'--gin_file=gin/runs/{run_file}.gin', *TINY, *flags])

@@ -641,7 +641,8 @@ BAD_VALUE = st.one_of(
 def _gin_command_line(flag: str):
   """The `embed` command's arguments after `--gin.` flags become bindings,
   as `main` reads them."""
-  return main._parser().parse_args(common.gin_flags(['embed', flag]))
+  parser = main._parser()
+  return parser.parse_args(common.gin_flags(parser, ['embed', flag]))
 
 
 @fuzz(100)

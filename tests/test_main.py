@@ -18,7 +18,7 @@ import pytest
 
 from realm_jax import errors, main, quiet
 from realm_jax.evaluation.answers import BlockTexts
-from tests.helpers import REPO, finetuned, zebra_data
+from tests.helpers import REPO, finetuned, run_cli, zebra_data
 
 
 @pytest.fixture(scope='module')
@@ -62,23 +62,12 @@ def places(finetuned_run, trained_pretraining, small_corpus, tmp_path,
           'empty': str(tmp_path / 'empty'), 'tmp': str(tmp_path)}
 
 
-def _run(argv, capsys) -> tuple[int, str]:
-  """(exit code, everything printed) of a `realm-jax` command run here."""
-  gin.clear_config()
-  try:
-    code = main.main(argv)
-  except SystemExit as exit_:  # argparse's own usage errors.
-    code = exit_.code
-  printed = capsys.readouterr()
-  return code, printed.out + printed.err
-
-
 # (command line, what the message must say[, the corpus directory the run
 # needs, when not the zebra's]); {names} are `places`.
 BAD_INVOCATIONS = [
     (['demo', '--work_dir={file}'], 'is a file'),
     (['demo', '--lockstep'], '--lockstep is for the world presets'),
-    (['demo', '--preset=world', '--repeats=0'], '--repeats=0: at least 1'),
+    (['demo', '--preset=world', '--repeats=0'], "argument --repeats: '0': give a whole number above 0"),
     (['data', 'build-corpus', '--jsonl={missing}', '--output_dir={tmp}/c'],
      'No JSONL file of articles {missing}'),
     (['data', 'annotate', '--corpus_dir={missing}'], 'No corpus at {missing}'),
@@ -149,7 +138,7 @@ def test_a_user_error_is_one_message_and_exit_code_2(argv, message, corpora,
                                                      monkeypatch):
   if corpora:
     monkeypatch.setenv('REALM_CORPUS_DIR', places[corpora])
-  code, printed = _run([a.format(**places) for a in argv], capsys)
+  code, printed = run_cli([a.format(**places) for a in argv], capsys)
   assert code == 2, printed
   assert message.format(**places) in printed
   assert 'Traceback' not in printed
@@ -171,14 +160,14 @@ def test_the_wrong_run_kind_is_read_from_the_run_not_from_a_failure(
   """An index that does not fit the corpus is a failure further down;
   `ask` on a pre-training run is refused before it could reach one."""
   monkeypatch.setenv('REALM_CORPUS_DIR', places['tmp'])  # No corpus here.
-  code, printed = _run(['ask', 'who?', f'--model_dir={places["pretrain"]}'],
+  code, printed = run_cli(['ask', 'who?', f'--model_dir={places["pretrain"]}'],
                        capsys)
   assert code == 2 and 'realm-jax fill' in printed
   assert 'realm-jax search' in printed and 'corpus' not in printed
   # The mismatch itself, on a run that can answer: its index embeds the
   # zebra corpus, not the small one.
   monkeypatch.setenv('REALM_CORPUS_DIR', places['small_corpus'])
-  code, printed = _run(['ask', 'who?', f'--model_dir={places["finetune"]}'],
+  code, printed = run_cli(['ask', 'who?', f'--model_dir={places["finetune"]}'],
                        capsys)
   assert code == 2 and 'does not match' in printed
   assert 'Traceback' not in printed
@@ -378,7 +367,7 @@ def _softmax(scores):
 def test_search_shows_the_top_blocks_of_a_fine_tuning_and_a_pretraining_run(
     places, capsys, monkeypatch, tmp_path, tokenizer):
   output = tmp_path / 'found.jsonl'
-  code, printed = _run(['search', 'black and white stripes',
+  code, printed = run_cli(['search', 'black and white stripes',
                         f'--model_dir={places["finetune"]}', '--top_k=3',
                         f'--output={output}'], capsys)
   assert code == 0, printed
@@ -402,7 +391,7 @@ def test_search_shows_the_top_blocks_of_a_fine_tuning_and_a_pretraining_run(
   monkeypatch.setenv('REALM_CORPUS_DIR', places['small_corpus'])
   queries = tmp_path / 'queries.txt'
   queries.write_text('the capital of France\n\nan English poet\n')
-  code, printed = _run(['search', f'--queries={queries}',
+  code, printed = run_cli(['search', f'--queries={queries}',
                         f'--model_dir={pretrain}'], capsys)
   assert code == 0, printed
   assert printed.count('(Pretrain step 2, index step 2)') == 2

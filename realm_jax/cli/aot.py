@@ -26,10 +26,11 @@ def add_parser(command, flags) -> None:
                    help="'cpu' (faked CPU devices), 'tpu:<topology>', e.g. "
                    "tpu:v4:2x2x1 (v4, v5e, v5p or v6e; one device a chip), "
                    "or 'gpu:<card>[x<count>]', e.g. gpu:h100 or gpu:h200x8.")
-  aot.add_argument('--mesh', type=int, default=None,
+  aot.add_argument('--mesh', type=common.positive(int), default=None,
                    help="The trainer's device count (needed for --target=cpu;"
                    " a TPU or GPU target's default: all of its devices).")
-  aot.add_argument('--builder_mesh', type=int, default=None,
+  aot.add_argument('--builder_mesh', type=common.positive(int),
+                   default=None,
                    help="The index builder's device count (default: 16, or "
                    "all of a TPU or GPU target's devices, if fewer).")
   aot.add_argument('--run', choices=('pretrain', 'ict', 'finetune'),
@@ -39,7 +40,8 @@ def add_parser(command, flags) -> None:
                    help="Compile a training run's own config (its "
                    'config.gin, the --gin_file(s) layered over it) instead '
                    'of --run.')
-  aot.add_argument('--device_memory_gib', type=float, default=None,
+  aot.add_argument('--device_memory_gib', type=common.positive(float),
+                   default=None,
                    help='One device\'s memory (default: a TPU chip\'s HBM or '
                    'a GPU\'s memory, and 32 GiB, a TPU v4\'s, for '
                    '--target=cpu).')
@@ -72,6 +74,8 @@ def run(args) -> None:
   if not (tpu or gpu) and args.mesh is None:
     raise errors.BadConfig('--target=cpu needs --mesh, the trainer\'s '
                            'device count.')
+  if args.output:
+    common.check_output(args.output, '--output')
   builder_mesh = args.builder_mesh or 16
   # Before JAX starts: its own devices are the host's CPUs, faked to the
   # target mesh's size for XLA:CPU; a TPU's or a GPU's devices are those

@@ -1,6 +1,7 @@
 """What the commands share: their inputs given one at a time or as a file,
 their gin flags, and the checks made before a model loads."""
 
+import argparse
 import contextlib
 import json
 import os
@@ -27,8 +28,12 @@ def one_or_many_arguments(command, single: tuple[str, str],
                        f'(JSONL): {written}.')
 
 
-def gin_flags(argv):
-  """`--gin.X=V` flags -> `--gin_bindings=X = V`."""
+def gin_flags(parser: argparse.ArgumentParser, argv):
+  """`--gin.X=V` flags -> `--gin_bindings=X = V`, for a command of `parser`
+  that takes gin bindings; another command's parser refuses them as they
+  were typed, not as a flag the user never gave."""
+  if not _takes_gin_bindings(parser, argv):
+    return list(argv)
   out = []
   for arg in argv:
     if arg.startswith('--gin.') and '=' in arg:
@@ -37,6 +42,18 @@ def gin_flags(argv):
     else:
       out.append(arg)
   return out
+
+
+def _takes_gin_bindings(parser: argparse.ArgumentParser, argv) -> bool:
+  """Whether the command (and subcommand) `argv` names has --gin_bindings."""
+  # pylint: disable=protected-access
+  for word in (arg for arg in argv if not arg.startswith('-')):
+    choices = next((action.choices for action in parser._actions
+                    if isinstance(action, argparse._SubParsersAction)), {})
+    if word not in choices:
+      break
+    parser = choices[word]
+  return '--gin_bindings' in parser._option_string_actions
 
 
 def add_gin(command, default_gin: str) -> None:
@@ -48,34 +65,12 @@ def add_gin(command, default_gin: str) -> None:
 
 
 def parse_gin(args) -> None:
-  """The command's gin files (default MiniLM's) and bindings.
-
-  The bindings are parsed one at a time, so that one gin cannot take stops
-  the command with a ValueError naming it: gin's parser raises SyntaxError,
-  TypeError, tokenize.TokenError, RecursionError and more, most of them
-  saying neither which binding nor that it was one.
-  """
-  import gin  # pylint: disable=g-import-not-at-top
+  """The command's gin files (default MiniLM's) and bindings, each refused
+  by name if gin cannot take it (`run_loader.parse_gin`)."""
   from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
   run_loader.parse_gin(args.gin_file or [
       os.path.join(run_loader.GIN_DIR, 'models', 'minilm_l6.gin')],
-                       finalize=False)
-  for binding in args.gin_bindings:
-    try:
-      run_loader.parse_gin([], [binding], finalize=False)
-    except errors.BadConfig as error:
-      raise errors.BadConfig(f'gin binding {binding!r}: '
-                             f'{errors.one_line(error.__cause__)}') from error
-    except Exception as error:  # pylint: disable=broad-except
-      raise errors.BadConfig(
-          f'gin binding {binding!r}: {errors.one_line(error)}') from error
-  try:
-    gin.finalize()
-  except ValueError as error:  # An undefined %MACRO, say.
-    raise errors.BadConfig(
-        (f'gin bindings {", ".join(map(repr, args.gin_bindings))}: '
-         if args.gin_bindings else 'gin: ') + errors.one_line(error)
-    ) from error
+                       args.gin_bindings)
 
 
 @contextlib.contextmanager
@@ -85,7 +80,9 @@ def one_or_many(command: str, single: str | None, path: str | None,
   command given one text or a file of them ('-': standard input); write
   prints nothing itself: it appends a JSONL row to `output_path`, if any,
   and flushes what was printed, so that piped output comes as it goes. An
-  empty text is refused before any model loads."""
+  empty text, or an output file that cannot be written, is refused before
+  any model loads; a file that leaves nothing written (blank, or every
+  line skipped), once it is read."""
   from etils import epath  # pylint: disable=g-import-not-at-top
   from realm_jax.data.skips import SkipReport  # pylint: disable=g-import-not-at-top
   from realm_jax.evaluation.prediction import read_inputs  # pylint: disable=g-import-not-at-top
@@ -93,11 +90,16 @@ def one_or_many(command: str, single: str | None, path: str | None,
   if path is None and not single.strip():
     raise errors.BadInput(f'Nothing to {command}: the text given is empty.')
   inputs = [(None, single)] if path is None else read_inputs(path, report)
+  if output_path:
+    check_output(output_path, '--output')
+  written = 0
   with contextlib.ExitStack() as files:
     output = output_path and files.enter_context(
         epath.Path(output_path).open('w'))
 
     def write(row: dict) -> None:
+      nonlocal written
+      written += 1
       if output:
         output.write(json.dumps(row) + '\n')
         output.flush()
@@ -106,11 +108,49 @@ def one_or_many(command: str, single: str | None, path: str | None,
     yield inputs, report, write
   if report:
     print(report.summary(), file=sys.stderr)
+  if not written:  # A file's every line skipped, or none.
+    raise errors.BadInput(
+        f'Nothing to {command} in {"<stdin>" if path == "-" else path}: ' + (
+            'every line was skipped.' if report else 'it has no text.'),
+        'Give one input a line.')
 
 
 def check_top_k(top_k: int) -> None:
   if top_k < 1:
     raise errors.BadConfig(f'--top_k {top_k}: give 1 or more.')
+
+
+def positive(kind=int):
+  """An argparse type: a number of `kind` above 0, for counts and sizes
+  (batch sizes, device counts, seconds, GiB). 0 or less is refused by the
+  parser, naming the flag, before anything loads or is written: a batch of
+  0 or a mesh of -2 would fail deep inside the work, or do none."""
+  def parse(text: str):
+    try:
+      value = kind(text)
+    except ValueError:
+      value = None
+    if value is None or not 0 < value < float('inf'):
+      raise argparse.ArgumentTypeError(
+          f'{text!r}: give a{" whole" if kind is int else ""} number above 0.')
+    return value
+  return parse
+
+
+def check_output(path: str, flag: str) -> None:
+  """Refuses (BadInput) an output file that cannot be written, before the
+  model loads rather than after the work: a directory, or a file in a
+  directory that is not there."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  target = epath.Path(path)
+  if target.is_dir():
+    problem = 'it is a directory'
+  elif not target.parent.is_dir():
+    problem = f'there is no directory {target.parent}'
+  else:
+    return
+  raise errors.BadInput(f'Cannot write {flag} {path}: {problem}.',
+                        'Give a file in a directory that exists.')
 
 
 def corpus_dir(args) -> str:

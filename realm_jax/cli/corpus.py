@@ -2,6 +2,7 @@
 up to date."""
 
 from realm_jax import errors
+from realm_jax.cli import common
 
 COMMAND = 'corpus'
 
@@ -23,7 +24,7 @@ def add_parser(command, flags) -> None:
                       help='add: JSONL {"title", "text"} file (repeatable).')
   living.add_argument('--titles', default=None,
                       help='remove: a file of article titles, one a line.')
-  living.add_argument('--batch_size', type=int, default=64)
+  living.add_argument('--batch_size', type=common.positive(int), default=64)
 
 
 def run(args) -> None:

@@ -24,13 +24,14 @@ def add_parser(command, flags) -> None:
   build.add_argument('--vocab', default=None,
                      help='WordPiece vocab.txt (default: the embedded one).')
   build.add_argument('--max_block_length', type=int, default=288)
-  build.add_argument('--blocks_per_shard', type=int, default=100_000)
+  build.add_argument('--blocks_per_shard', type=common.positive(int),
+                     default=100_000)
   annotate = step(
       'annotate', help='Find salient spans (entities, dates) in a corpus.')
   annotate.add_argument('--corpus_dir', default=None,
                         help='Default: the wiki_leads corpus directory.')
   annotate.add_argument('--vocab', default=None)
-  annotate.add_argument('--num_processes', type=int,
+  annotate.add_argument('--num_processes', type=common.positive(int),
                         default=os.cpu_count() or 1)
   export = step(
       'export', help="A run's examples (and its corpus's block store) "

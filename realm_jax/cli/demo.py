@@ -3,6 +3,7 @@
 import os
 
 from realm_jax import errors
+from realm_jax.cli import common
 
 COMMAND = 'demo'
 
@@ -23,7 +24,7 @@ def add_parser(command, flags) -> None:
                     '(a source tree\'s record, which the next run of the '
                     'preset plans from); without it nothing outside '
                     '--work_dir changes.')
-  demo.add_argument('--repeats', type=int, default=1,
+  demo.add_argument('--repeats', type=common.positive(int), default=1,
                     help='Run the preset this many times, seeds 0 to N-1, '
                     'each under <work_dir>/seed_<s>, and report each '
                     'figure\'s mean and range and each comparison\'s '
@@ -58,11 +59,14 @@ def run(args) -> None:
   from realm_jax.experiments import demo, runner, world_demo  # pylint: disable=g-import-not-at-top
   from realm_jax.experiments import preset as preset_lib  # pylint: disable=g-import-not-at-top
   family = preset_lib.load(args.preset).family
+  families = [demo.FAMILY.name, world_demo.FAMILY.name]
+  if family not in families:
+    raise errors.BadConfig(
+        f'--preset={args.preset}: family={family!r} is no known family; '
+        f'give one of {families}.')
   work_dir = args.work_dir or os.path.join(
       'runs', os.path.basename(args.preset).removesuffix('.py'))
   docs_dir = os.fspath(runner.DOCS_RESULTS) if args.record else None
-  if args.repeats < 1:
-    raise errors.BadConfig(f'--repeats={args.repeats}: at least 1.')
   if family == 'world':
     if args.repeats > 1:
       world_demo.run_repeats(work_dir, args.preset, docs_dir, args.repeats,

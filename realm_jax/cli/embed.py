@@ -27,7 +27,7 @@ def add_parser(command, flags) -> None:
                      'the towers from --bert_dir.')
   embed.add_argument('--bert_dir', default=None,
                      help='HF-format BERT weights (default: embedded MiniLM).')
-  embed.add_argument('--batch_size', type=int, default=64)
+  embed.add_argument('--batch_size', type=common.positive(int), default=64)
   common.add_gin(embed, 'gin/models/minilm_l6.gin')
 
 

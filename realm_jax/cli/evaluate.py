@@ -57,8 +57,10 @@ def add_parser(command, flags) -> None:
                         "that trec_eval and Pyserini's trec_eval read.")
   evaluate.add_argument('--step', type=int, default=None,
                         help='Checkpoint to score (default: the newest).')
-  evaluate.add_argument('--batch_size', type=int, default=32)
-  evaluate.add_argument('--num_examples', type=int, default=None,
+  evaluate.add_argument('--batch_size', type=common.positive(int),
+                        default=32)
+  evaluate.add_argument('--num_examples', type=common.positive(int),
+                        default=None,
                         help='Only the first N questions (quick looks).')
   common.add_gin(evaluate, "the run's model_dir/config.gin alone; files given here "
           'are layered over it')
@@ -67,6 +69,7 @@ def add_parser(command, flags) -> None:
 def run(args) -> None:
   from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
   from realm_jax.data import open_qa  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
   if not args.task and not args.qa_file:
     raise errors.BadConfig('Nothing to score.', 'Give a --task or a '
                            '--qa_file.')
@@ -83,6 +86,14 @@ def run(args) -> None:
     raise errors.BadConfig('--retrieval_output is one file; give one QA '
                            f'task, not {len(tasks) + len(args.qa_file)}.')
   common.check_top_k(args.top_k)
+  if args.retrieval_output:
+    common.check_output(args.retrieval_output, '--retrieval_output')
+  if args.output_dir:  # Made now: one that cannot be is refused up front.
+    try:
+      epath.Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+      raise errors.BadInput(f'Cannot make --output_dir {args.output_dir}: '
+                            f'{error.strerror or error}.') from error
   if 'masked_lm' in args.task:
     summary = masked_lm.evaluate(args.model_dir, output_dir, 'masked_lm',
                                  gin_files, args.gin_bindings, args.batch_size,

@@ -29,7 +29,7 @@ def run(args) -> None:
     for where, text in texts:
       try:
         result = predictor.fill(text)
-      except errors.BadInput as error:  # No [MASK], or longer than the query:
+      except errors.BadInput as error:  # No [MASK], too many, or too long:
         if where is None:  # a line of a file is skipped and counted.
           raise
         print(f'{where}: {error}', file=sys.stderr)

@@ -7,7 +7,8 @@ the same input always gives the same ids and fingerprint. The builder streams:
 articles are read, tokenized and written a batch at a time, into TFRecord
 shards, with `metadata.json` written last. A build goes to a temporary
 directory that replaces the output only when complete, so a killed build never
-leaves a torn corpus.
+leaves a torn corpus; the output must be new, an empty directory or a corpus,
+never a file or a folder of other files, which the build would delete.
 """
 
 import collections
@@ -129,9 +130,12 @@ def read_jsonl_articles(paths: Iterable[str], report: SkipReport,
         row = parse_json_object(line, where, report)
         if row is None:
           continue
-        if not isinstance(row.get('title'), str) or not isinstance(
-            row.get('text'), str):
+        if row.get('title') is None or row.get('text') is None:
           report.add('missing title or text field', where)
+          continue
+        wrong = [f for f in ('title', 'text') if not isinstance(row[f], str)]
+        if wrong:
+          report.add(f'{wrong[0]} not a string', where)
           continue
         if not (is_text(row['title']) and is_text(row['text'])):
           report.add('not UTF-8', where)
@@ -272,6 +276,31 @@ def vocab_hash(vocab_path: str) -> str:
   return hashlib.sha256(epath.Path(vocab_path).read_bytes()).hexdigest()
 
 
+def require_vocab(corpus_dir: str, metadata: dict, vocab_path: str) -> None:
+  """Refuses a vocab other than the one the corpus was tokenized with:
+  wordpieces of another would not match its blocks' token ids."""
+  if vocab_hash(vocab_path) != metadata['vocab_hash']:
+    raise errors.BadInput(f'{corpus_dir} was built with another vocabulary '
+                          f'than {vocab_path}: its blocks would not match.',
+                          'Give the vocab the corpus was built with.')
+
+
+def require_new_or_corpus(output_dir: str) -> None:
+  """Refuses to build over anything but nothing, an empty directory or a
+  corpus: the build replaces the directory whole, and would delete a file
+  or a folder of other files there."""
+  path = epath.Path(output_dir)
+  if path.is_file():
+    raise errors.BadInput(f'{output_dir} is a file, not a corpus directory: '
+                          'a corpus built there would replace it.',
+                          'Choose a new directory or an existing corpus.')
+  if path.is_dir() and any(path.iterdir()) and not (path / METADATA).exists():
+    raise errors.BadInput(f'{output_dir} holds files but no corpus '
+                          f'({METADATA} missing): a corpus built there would '
+                          'delete them.',
+                          'Choose a new directory or an existing corpus.')
+
+
 def length_histogram(lengths: list[int], max_length: int) -> dict[str, int]:
   counts = collections.Counter(min(n, max_length - 1) // _HISTOGRAM_BUCKET
                                for n in lengths)
@@ -292,6 +321,7 @@ class CorpusWriter:
 
   def __init__(self, output_dir: str, vocab_path: str,
                blocks_per_shard: int = 100_000):
+    require_new_or_corpus(output_dir)
     self.output_dir = output_dir
     self.tmp_dir = output_dir.rstrip('/') + '.incomplete'
     if epath.Path(self.tmp_dir).exists():

@@ -22,6 +22,7 @@ in whole (`transaction`).
 import contextlib
 import hashlib
 import json
+import logging
 import os
 
 import numpy as np
@@ -32,6 +33,8 @@ from realm_jax.data import corpus
 from realm_jax.data.skips import SkipReport
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.progress import Progress
+
+log = logging.getLogger(__name__)
 
 REMOVED = 'removed_block_ids'
 LINEAGE = 'lineage'
@@ -132,10 +135,7 @@ def add_articles(corpus_dir: str, tokenizer: WordPieceTokenizer,
   for path in jsonl_paths:
     errors.require_file(path, 'JSONL file of articles')
   metadata = corpus.load_metadata(corpus_dir)
-  if corpus.vocab_hash(tokenizer.vocab_path) != metadata['vocab_hash']:
-    raise errors.BadInput(f'{corpus_dir} was built with another vocabulary '
-                          f'than {tokenizer.vocab_path}: its blocks would not '
-                          'match.')
+  corpus.require_vocab(corpus_dir, metadata, tokenizer.vocab_path)
   builder = corpus.CorpusBuilder(
       tokenizer, metadata['max_block_length'],
       metadata.get('max_title_length', corpus.MAX_TITLE_LENGTH))
@@ -171,6 +171,7 @@ def add_articles(corpus_dir: str, tokenizer: WordPieceTokenizer,
     raise errors.BadInput(f'No block to add from {", ".join(jsonl_paths)}. '
                           + builder.report.summary())
   staged.rename(shard)
+  log.info('%s', builder.report.summary())
   added = range(first, first + len(lengths))
   histogram = dict(metadata['length_histogram'])
   for bucket, count in corpus.length_histogram(

@@ -215,16 +215,26 @@ def _compiles(pattern: str) -> bool:
 
 def _usable(rows, regex: bool, report: SkipReport) -> Iterator[QAExample]:
   """The rows with a question and an answer (a valid pattern when `regex`);
-  the rest counted in `report`."""
+  the rest counted in `report`, by what is missing or of the wrong type.
+  Blank answers and answers that are no strings, beside usable ones, are
+  dropped."""
   for where, question, answers in rows:
-    if not isinstance(question, str) or not question.strip():
+    if question is not None and not isinstance(question, str):
+      report.add('question not a string', where)
+      continue
+    if not (question or '').strip():
       report.add('missing question', where)
       continue
-    if not isinstance(answers, list) or not any(
-        isinstance(a, str) and a.strip() for a in answers):
-      report.add('empty answer list', where)
+    if answers is not None and not isinstance(answers, list):
+      report.add('answers not a list', where)
       continue
-    answers = [a for a in answers if isinstance(a, str) and a.strip()]
+    strings = [a for a in answers or () if isinstance(a, str)]
+    usable = [a for a in strings if a.strip()]
+    if not usable:
+      report.add('answer not a string' if len(strings) < len(answers or ())
+                 else 'empty answer list', where)
+      continue
+    answers = usable
     if not all(map(is_text, [question, *answers])):
       report.add('not UTF-8', where)
       continue

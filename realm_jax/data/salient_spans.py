@@ -215,6 +215,7 @@ def annotate_corpus(corpus_dir: str, tokenizer: WordPieceTokenizer,
                     validation_per_mille: int = 10) -> dict:
   """Writes `<corpus_dir>/annotated/{train,validation}.tfrecord`; returns stats."""
   meta = corpus.load_metadata(corpus_dir)
+  corpus.require_vocab(corpus_dir, meta, tokenizer.vocab_path)
   annotator = SpanAnnotator(tokenizer, load_tagger(tagger_dir),
                             max_query_length, num_processes)
   out_dir = os.path.join(corpus_dir, ANNOTATED_DIR)

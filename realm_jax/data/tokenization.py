@@ -69,7 +69,13 @@ class WordPieceTokenizer:
     vocab_path = os.fspath(vocab_path)
     if not epath.Path(vocab_path).is_file():
       raise errors.NotFound(f'WordPiece vocab file not found: {vocab_path}')
-    self.vocab = epath.Path(vocab_path).read_text().split('\n')
+    try:
+      self.vocab = epath.Path(vocab_path).read_text().split('\n')
+    except UnicodeDecodeError as error:
+      raise errors.BadInput(
+          f'WordPiece vocab {vocab_path} is not UTF-8 text (byte '
+          f'{error.start:,}): expected a vocab.txt, one wordpiece a line.'
+      ) from None
     if self.vocab[-1] == '':
       self.vocab.pop()
     ids = {token: i for i, token in enumerate(self.vocab)}

@@ -161,10 +161,16 @@ class WorldSpec:
       if not 1 <= getattr(self, field) <= parts // 2:
         problems.append(f'{field}={getattr(self, field)}: expected 1 to '
                         f'{parts // 2}')
+    # NaN and inf fail it too, before round() could meet them.
     if not 0 < self.held_out_share < 1:
       problems.append(f'held_out_share={self.held_out_share}: expected '
                       'strictly between 0 and 1 (some people trained on, '
                       'some held out)')
+    else:
+      held_out = round(self.people * self.held_out_share)
+      if not 0 <= self.edited <= held_out:
+        problems.append(f'edited={self.edited}: expected 0 to the {held_out} '
+                        'held-out people')
     if not self.attributes:
       problems.append('attributes is empty')
     unknown = sorted(set(self.attributes) - set(VALUES))
@@ -179,10 +185,6 @@ class WorldSpec:
                       'holds nothing to retrieve)')
     if self.mentions < 0 or self.no_document < 0:
       problems.append('mentions and no_document must not be negative')
-    held_out = round(self.people * self.held_out_share)
-    if not 0 <= self.edited <= held_out:
-      problems.append(f'edited={self.edited}: expected 0 to the {held_out} '
-                      'held-out people')
     if problems:
       raise errors.BadConfig('World spec: ' + '; '.join(problems) + '.')
 

@@ -21,6 +21,7 @@ import numpy as np
 from etils import epath
 
 from realm_jax import errors, run_directory
+from realm_jax.data import corpus_changes
 from realm_jax.data.skips import SkipReport
 from realm_jax.evaluation.answers import BlockTexts, answers_of, block_segments
 from realm_jax.models import losses
@@ -182,6 +183,11 @@ class ClozePredictor(RestoredRun):
     candidate with p(z|x) and p(y*|z,x) of the filled tokens y*."""
     ids, positions = cloze_query(self.tokenizer, text,
                                  self.run.shapes['query_token_ids'][0])
+    max_masks = self.run.shapes['mlm_positions'][0]  # The run's max_masked.
+    if len(positions) > max_masks:
+      raise errors.BadInput(f'{text!r} has {len(positions)} {MASK}s; this run '
+                            f'fills at most {max_masks} a sentence.',
+                            f'Give {max_masks} or fewer.')
     query_ids = np.zeros((1, self.run.shapes['query_token_ids'][0]), np.int32)
     query_ids[0, :len(ids)] = ids
     mlm_positions = np.zeros((1, self.run.shapes['mlm_positions'][0]),
@@ -266,7 +272,7 @@ class QAPredictor(RestoredRun):
                gin_bindings=(), top_k: int = 100, top_spans: int = 8,
                question_length: int = QUESTION_LENGTH, read: bool = True,
                answers_only: bool = False):
-    """`top_k`: blocks retrieved per question, at most every block.
+    """`top_k`: blocks retrieved per question, at most every live block.
     `question_length`: wordpieces of a question for a run that is not
     fine-tuned (Finetune's default); a fine-tuning run reads its own. A
     fine-tuning run picks answers by its `Finetune.answer_rule`. `read`:
@@ -301,7 +307,10 @@ class QAPredictor(RestoredRun):
         self.retrieval.client.maybe_refresh()
       else:
         self.retrieval.index_at(self.step, self.params['retriever'])
-    self.top_k = min(top_k, self.retrieval.client.searcher.num_docs)
+    # Removed blocks keep their rows in the index but are never returned.
+    client = self.retrieval.client
+    self.top_k = min(top_k, client.searcher.num_docs - len(
+        corpus_changes.removed_ids(client.corpus_metadata)))
 
   def predict(self, query: dict) -> list[dict]:
     """Per question: the top `top_k` blocks (ids, retrieval scores) and,

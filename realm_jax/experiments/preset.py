@@ -135,13 +135,20 @@ def load(name_or_file: str) -> Preset:
   `PRESET`."""
   path = (name_or_file if name_or_file.endswith('.py')
           else os.path.join(PRESETS_DIR, f'{name_or_file}.py'))
-  if not os.path.isfile(path):
+  if path == name_or_file:
+    errors.require_file(path, 'preset file')
+  elif not os.path.isfile(path):
     raise errors.BadConfig(f'preset={name_or_file!r}: no such preset; '
                            f'expected one of {names()} or a .py file.')
   spec = importlib.util.spec_from_file_location(
       f'realm_jax_preset_{os.path.basename(path)[:-3]}', path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as error:  # Its own, or a module's it imports.
+    raise errors.BadInput(
+        f'{error.filename}:{error.lineno}: {error.msg}.', 'A preset file is '
+        'Python that defines PRESET: fix that line.') from error
   found = getattr(module, 'PRESET', None)
   if not isinstance(found, Preset):
     raise errors.BadConfig(f'{path} defines no PRESET (a '

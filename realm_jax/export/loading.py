@@ -9,6 +9,7 @@ Google's released REALM. Parts a run has but an export leaves out (a
 pre-training run's untrained span scorer) start fresh, as they did.
 """
 
+import json
 import os
 
 import jax
@@ -74,7 +75,15 @@ def import_export(export_dir: str, model_dir: str) -> dict:
   """Writes the run an export holds into `model_dir` (which must not
   exist); returns a summary."""
   root = epath.Path(export_dir)
-  manifest = writer.check(export_dir)
+  if not root.is_dir():
+    raise errors.NotFound(f'No export directory {export_dir}.',
+                          'Give --export the directory `realm-jax export` '
+                          'wrote.')
+  try:
+    manifest = writer.check(export_dir)
+  except json.JSONDecodeError as error:  # Cut short in a copy, say.
+    raise errors.BadInput(f'{root / writer.MANIFEST} is not JSON ({error}).',
+                          'Copy the export again, whole.') from error
   model_dir = run_directory.absolute(model_dir)
   if epath.Path(model_dir).exists():
     raise errors.BadConfig(f'{model_dir} exists; import writes a new run.')

@@ -153,7 +153,11 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
 def _refresh_until_done(model_dir, corpus, searcher, poll_seconds,
                         batch_size, max_to_keep, block_length,
                         interval) -> int:
-  while not epath.Path(run_directory.checkpoints_dir(model_dir)).is_dir():
+  checkpoints = epath.Path(run_directory.checkpoints_dir(model_dir))
+  if not checkpoints.is_dir():  # Said once: a mistyped model_dir waits too.
+    log.info('index builder: waiting for a trainer to write checkpoints in '
+             '%s', model_dir)
+  while not checkpoints.is_dir():
     time.sleep(poll_seconds)
   builder = IndexBuilder(model_dir, corpus, searcher, batch_size,
                          max_to_keep, block_length, interval)

@@ -20,7 +20,7 @@ import numpy as np
 from etils import epath
 
 from realm_jax import extras
-from realm_jax.errors import WeightImportError
+from realm_jax.errors import NotFound, WeightImportError
 from realm_jax.models import bert
 from realm_jax.models.bert import ACTIVATIONS, BertConfig
 
@@ -181,17 +181,17 @@ def _open_source(path: str) -> _Source:
     for name in ('model.safetensors', 'bert_model.ckpt.index'):
       if (epath.Path(path) / name).exists():
         return _open_source(os.path.join(path, name.removesuffix('.index')))
-    raise FileNotFoundError(
+    raise NotFound(
         f'No BERT weights in directory {path}: expected model.safetensors or '
         'bert_model.ckpt.index.')
   if path.endswith('.safetensors'):
     if not epath.Path(path).exists():
-      raise FileNotFoundError(f'BERT weights file not found: {path}')
+      raise NotFound(f'BERT weights file not found: {path}')
     return _safetensors_source(path)
   prefix = path.removesuffix('.index')
   if epath.Path(prefix + '.index').exists():
     return _tf_checkpoint_source(prefix)
-  raise FileNotFoundError(
+  raise NotFound(
       f'BERT weights not found: {path} is neither a .safetensors file nor a '
       'TensorFlow checkpoint prefix (no .index file beside it).')
 
@@ -278,7 +278,7 @@ def load_bert_params(path, config: BertConfig,
     `config.param_dtype`.
 
   Raises:
-    FileNotFoundError: no weights at `path`.
+    NotFound: no weights at `path`.
     WeightImportError: naming the file and every missing, unexpected or
       mis-shaped tensor.
   """

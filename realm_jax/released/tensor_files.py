@@ -33,7 +33,7 @@ import numpy as np
 from etils import epath
 
 from realm_jax import checksums
-from realm_jax.errors import TensorFileError
+from realm_jax.errors import NotFound, TensorFileError
 
 # A whole-tensor read holds one chunk beyond its output.
 _CHUNK_BYTES = 64 << 20
@@ -143,10 +143,10 @@ def open_tensor_file(path: str | os.PathLike[str]) -> TensorFile:
     for name in _DIRECTORY_FILES:
       if (epath.Path(path) / name).exists():
         return open_tensor_file(str(epath.Path(path) / name))
-    raise FileNotFoundError(f'No tensor file in directory {path}: looked for '
-                            f'{", ".join(_DIRECTORY_FILES)}.')
+    raise NotFound(f'No tensor file in directory {path}: looked for '
+                   f'{", ".join(_DIRECTORY_FILES)}.')
   if not epath.Path(path).exists():
-    raise FileNotFoundError(
+    raise NotFound(
         f'No tensor file at {path}: neither a file nor a TF checkpoint prefix '
         f'(no {prefix}.index).')
   if path.endswith('.safetensors'):
@@ -304,7 +304,7 @@ def _open_tf_bundle(prefix: str) -> TensorFile:
     raise TensorFileError(f'{index}: {e}.') from None
   for shard in sorted({str(e.file) for e in entries.values() if e.file}):
     if not epath.Path(shard).exists():
-      raise FileNotFoundError(f'{index}: data shard {shard} is missing.')
+      raise NotFound(f'{index}: data shard {shard} is missing.')
   return TensorFile(prefix, entries)
 
 

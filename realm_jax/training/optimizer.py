@@ -19,7 +19,13 @@ def bert_schedule(learning_rate: float, warmup_steps: int,
   """0 -> learning_rate over warmup_steps, then linearly to 0 at total_steps.
   A run of no step (its warm start checkpointed and indexed, to be scored
   as a trained run is) has no warm-up either."""
-  if not (0 <= warmup_steps < total_steps or warmup_steps == total_steps == 0):
+  if total_steps < 0:
+    raise errors.BadConfig(f'train.num_steps={total_steps}: give 0 or more '
+                           'steps.')
+  if warmup_steps < 0:
+    raise errors.BadConfig(f'bert_adamw.warmup_steps={warmup_steps}: give 0 '
+                           'or more warm-up steps.')
+  if warmup_steps >= total_steps and warmup_steps:
     raise errors.BadConfig(
         f'bert_adamw.warmup_steps={warmup_steps} must be in [0, '
         f'train.num_steps={total_steps}): give fewer warm-up steps.')

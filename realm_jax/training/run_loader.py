@@ -12,11 +12,13 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
+import tokenize
 
 import gin
 from etils import epath
 
-from realm_jax import default_files, errors, run_directory
+from realm_jax import default_files, errors, run_directory, run_guard
 from realm_jax.index import publication
 from realm_jax.input import configured as configured_input
 from realm_jax.input.seqio_source import SeqioSource
@@ -45,24 +47,69 @@ def _quiet_path_probes():
     root.removeFilter(_not_a_path_probe)
 
 
-def parse_gin(files, bindings=(), skip_unknown: bool = False,
-              finalize: bool = True) -> None:
-  """Layers gin files and bindings over the current config. `include
+def parse_gin(files, bindings=(), finalize: bool = True) -> None:
+  """Layers gin files, then bindings, over the current config. `include
   'gin/...'` and file paths resolve from the working directory or the
-  repository root; a typo or a missing binding fails here, before work."""
+  repository root; a typo, a name no configurable has or a missing binding
+  fails here, before work, naming the file or the binding (`BadConfig`).
+
+  Each is parsed on its own, so that the one gin cannot take is named: gin's
+  parser raises SyntaxError, TypeError, tokenize.TokenError, RecursionError,
+  ImportError and more, most of them saying neither where nor what.
+  """
   gin.add_config_file_search_path(os.path.dirname(GIN_DIR))
+  with _quiet_path_probes():
+    for file in files:
+      try:
+        gin.parse_config_file(file)
+      except Exception as error:  # pylint: disable=broad-except
+        message = _gin_message(error)
+        raise errors.BadConfig(
+            ('gin: ' if str(file) in message else f'gin file {file}: ') +
+            message, 'Check the --gin_file paths (from here or the '
+            'repository root) and the names bound in them.') from error
+    for binding in bindings:
+      try:
+        gin.parse_config(binding)
+      except Exception as error:  # pylint: disable=broad-except
+        raise errors.BadConfig(
+            f'gin binding {binding!r}: {_gin_message(error)}') from error
+  if finalize:
+    _finalize(bindings)
+
+
+def _gin_message(error: Exception) -> str:
+  """What gin's parser found wrong, in a line."""
+  if isinstance(error, tokenize.TokenError):  # It names no line of use.
+    return f'{error.args[0]}: a bracket or a string is left open.'
+  if isinstance(error, UnicodeDecodeError):
+    return f'not UTF-8 text (byte {error.start}: {error.reason}).'
+  return errors.one_line(error)
+
+
+_UNDEFINED_MACRO = re.compile(r"No bindings specified for '(.+)/gin\.macro'")
+
+
+def _finalize(bindings) -> None:
+  """Locks the config; a %MACRO that nothing defines is refused by name,
+  with the bindings that use it (gin's own message appends the whole
+  config)."""
   try:
-    with _quiet_path_probes():
-      gin.parse_config_files_and_bindings(list(files), list(bindings),
-                                          skip_unknown=skip_unknown,
-                                          finalize_config=finalize)
-  except (OSError, SyntaxError, ValueError) as error:  # gin's: no file, a
-    # typo, an unknown configurable or parameter, an undefined macro.
-    if isinstance(error, errors.UserError):
-      raise
+    gin.finalize()
+  except ValueError as error:
+    message = errors.one_line(error).split(' in config string:')[0]
+    undefined = _UNDEFINED_MACRO.match(message)
+    if not undefined:
+      raise errors.BadConfig(
+          (f'gin bindings {", ".join(map(repr, bindings))}: ' if bindings
+           else 'gin: ') + message) from error
+    macro = re.compile(re.escape(f'%{undefined[1]}') + r'(?![\w.])')
+    users = ([repr(b) for b in bindings if macro.search(b)] or [
+        line for line in gin.config_str().splitlines() if macro.search(line)])
     raise errors.BadConfig(
-        f'gin: {errors.one_line(error)}', 'Check the --gin_file paths (from '
-        'here or the repository root) and the names bound in them.'
+        f'gin: %{undefined[1]} is not defined' +
+        (f' (used by {", ".join(users)})' if users else '') +
+        f'. Define it ({undefined[1]} = ...) or give the value itself.'
     ) from error
 
 
@@ -162,9 +209,10 @@ def _steps(directory: str, manager) -> list[int]:
 
 def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
   """The run in `model_dir`, rebuilt from its config.gin with `gin_files`
-  and `gin_bindings` layered over it. gin keeps that config afterwards (the
-  run's modules read it as they are built); it replaces whatever was
-  configured before."""
+  and `gin_bindings` layered over it, checked as `train` checks them (the
+  config.gin alone may name what is no longer there). gin keeps that
+  config afterwards (the run's modules read it as they are built); it
+  replaces whatever was configured before."""
   model_dir = run_directory.absolute(model_dir)
   config = run_directory.config_path(model_dir)
   if not config.exists():
@@ -172,10 +220,17 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
         f'{model_dir} is not a realm-jax training run: it has no '
         f'{run_directory.CONFIG}.', 'Give the --model_dir of a run that '
         '`realm-jax train` wrote (or `realm-jax import` made).')
+  run_guard.check_readable(model_dir)
   step_inputs.check_trained_vocabulary(model_dir)
   gin.clear_config()
-  gin.parse_config(config.read_text(), skip_unknown=True)
-  parse_gin(gin_files, gin_bindings, skip_unknown=True, finalize=False)
+  try:  # Tolerant: it may name what this command has not imported.
+    gin.parse_config(config.read_text(), skip_unknown=True)
+  except Exception as error:  # pylint: disable=broad-except
+    raise errors.BadInput(
+        f'{config} is damaged: {_gin_message(error)}', 'It is the config the '
+        'run was trained with: put back a good copy, or train the run '
+        'again.') from error
+  parse_gin(gin_files, gin_bindings, finalize=False)
   configured = configured_run()
   checkpoints = _steps(run_directory.checkpoints_dir(model_dir), lambda _:
                        run_directory.trainer_checkpoints(model_dir))
