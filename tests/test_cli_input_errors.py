@@ -255,3 +255,19 @@ def test_refresh_refuses_a_file_and_says_what_it_waits_for(
     main.main(['refresh', f'--model_dir={tmp_path}/typo', corpus_dir])
   assert (f'waiting for a trainer to write checkpoints in {tmp_path}/typo'
           in caplog.text)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_embed_refuses_an_index_step_that_is_there_before_embedding(
+    small_corpus_env, tmp_path, capsys, monkeypatch):
+  from realm_jax.index import publication  # pylint: disable=g-import-not-at-top
+  argv = ['embed', f'--output_dir={tmp_path}/index']
+  code, printed = run_cli(argv, capsys)
+  assert code == 0, printed
+
+  def never(*args, **kwargs):
+    raise AssertionError('embedded again')
+
+  monkeypatch.setattr(publication, 'embed_and_publish', never)
+  _refused(argv, capsys, f'{tmp_path}/index already holds index step 0')

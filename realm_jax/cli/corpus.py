@@ -31,6 +31,11 @@ def run(args) -> None:
   from realm_jax.data import corpus, corpus_changes  # pylint: disable=g-import-not-at-top
   from realm_jax.index import corpus_sync  # pylint: disable=g-import-not-at-top
   from realm_jax.training import run_loader, step_inputs  # pylint: disable=g-import-not-at-top
+  unread = {'add': ('titles',), 'remove': ('jsonl',),
+            'sync': ('jsonl', 'titles')}[args.action]
+  for name in unread:
+    if getattr(args, name):
+      raise errors.BadConfig(f'corpus {args.action} reads no --{name}.')
   loaded = run_loader.load_run(args.model_dir)
   corpus_dir = corpus.corpus_dir(loaded.run.corpus_name)
   if args.action == 'add':

@@ -66,8 +66,13 @@ def run(args) -> None:
     params = init_retriever_params(retriever, jax.random.key(0), bert)
   output = args.output_dir or run_directory.index_dir(
       args.model_dir or os.path.join('runs', 'embed'))
+  index = publication.index_manager(output)
+  if step in index.all_steps():  # Refused now, not after the embedding.
+    raise errors.BadInput(
+        f'{output} already holds index step {step}.',
+        'Give another --output_dir, or remove that step first.')
   publication.embed_and_publish(
-      publication.index_manager(output), step,
+      index, step,
       embed.DocumentEmbedder(retriever, args.batch_size), params,
       embed.local_block_arrays(opened, block_length), opened.metadata)
   print(f'index step {step} ({retriever.config.dtype.name}) in {output}')

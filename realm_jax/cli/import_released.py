@@ -35,19 +35,27 @@ def add_parser(command, flags) -> None:
   released.add_argument('--block_emb', default=None,
                         help='The file holding block_emb (default: the '
                         'source that does).')
-  released.add_argument('--corpus_name', default='enwiki_20181220',
-                        help='Written to $REALM_CORPUS_DIR/<name>.')
-  released.add_argument('--benchmark', default='nq_open',
-                        help='The Open-QA task of a fine-tuned model.')
+  released.add_argument('--corpus_name', default=None,
+                        help='Written to $REALM_CORPUS_DIR/<name> (default: '
+                        'enwiki_20181220).')
+  released.add_argument('--benchmark', default=None,
+                        help='The Open-QA task of a fine-tuned model '
+                        '(default: nq_open).')
   released.add_argument('--gin_file', action='append', default=[])
   released.add_argument('--gin_bindings', action='append', default=[])
 
 
+# What only the released files' import reads: refused beside --export.
+_RELEASED_ONLY = ('source', 'blocks', 'titles', 'block_emb', 'corpus_name',
+                  'benchmark', 'gin_file', 'gin_bindings')
+
+
 def run(args) -> None:
   if args.export:
-    if args.source or args.blocks:
-      raise errors.BadConfig('--export reads a whole export; give it without '
-                             '--source and --blocks.')
+    ignored = [f'--{name}' for name in _RELEASED_ONLY if getattr(args, name)]
+    if ignored:
+      raise errors.BadConfig(f'--export reads a whole export; give it without '
+                             f'{", ".join(ignored)}.')
     from realm_jax.export import loading  # pylint: disable=g-import-not-at-top
     summary = loading.import_export(args.export, args.model_dir)
     print(f'imported the {summary["kind"]} run at step {summary["step"]} '
@@ -59,8 +67,8 @@ def run(args) -> None:
   from realm_jax.released import importer  # pylint: disable=g-import-not-at-top
   summary = importer.import_released(
       args.model_dir, args.source, args.blocks, block_emb=args.block_emb,
-      titles=args.titles, corpus_name=args.corpus_name,
-      benchmark=args.benchmark, gin_files=args.gin_file,
+      titles=args.titles, corpus_name=args.corpus_name or 'enwiki_20181220',
+      benchmark=args.benchmark or 'nq_open', gin_files=args.gin_file,
       gin_bindings=args.gin_bindings)
   print(f'imported a {summary["kind"]} run into {summary["model_dir"]} '
         f'({summary["num_blocks"]:,} blocks, corpus '
