@@ -186,6 +186,16 @@ def test_an_undefined_macro_is_named_briefly(tmp_path, capsys):
     assert 'Parameters for' not in printed and len(printed) < 300, printed
 
 
+@pytest.mark.unit
+def test_an_undefined_macro_over_a_run_is_named_before_use():
+  # Over a run the config stays unlocked; gin would fail only at the use.
+  run_loader.parse_gin([], ['LENGTH = 5', 'Ict.query_length = %LENGTH',
+                            "Finetune.qa_regex = '%d %s'"], finalize=False)
+  with pytest.raises(errors.BadConfig, match=(
+      r"gin binding 'Ict.query_length = %NOPE': %NOPE is not defined")):
+    run_loader.parse_gin([], ['Ict.query_length = %NOPE'], finalize=False)
+
+
 # 8. --gin.X given to a command that takes no gin.
 
 

@@ -76,6 +76,20 @@ def parse_gin(files, bindings=(), finalize: bool = True) -> None:
             f'gin binding {binding!r}: {_gin_message(error)}') from error
   if finalize:
     _finalize(bindings)
+  else:  # Unlocked, gin would meet an undefined macro only when it is used.
+    _check_macros(bindings)
+
+
+def _check_macros(bindings) -> None:
+  """Refuses a binding that uses a %MACRO nothing defines."""
+  for binding in bindings:
+    for name in _MACRO_USE.findall(_STRING.sub('', binding)):
+      try:
+        gin.query_parameter(f'%{name}')
+      except ValueError as error:
+        raise errors.BadConfig(
+            f'gin binding {binding!r}: %{name} is not defined. Define it '
+            f'({name} = ...) or give the value itself.') from error
 
 
 def _gin_message(error: Exception) -> str:
@@ -87,6 +101,8 @@ def _gin_message(error: Exception) -> str:
   return errors.one_line(error)
 
 
+_MACRO_USE = re.compile(r'%([A-Za-z_][\w./]*)')
+_STRING = re.compile(r'\'[^\']*\'|"[^"]*"')
 _UNDEFINED_MACRO = re.compile(r"No bindings specified for '(.+)/gin\.macro'")
 
 
