@@ -16,7 +16,7 @@ TRAIN = ['train', '--gin_file=gin/runs/ict.gin',
          '--gin_file=gin/models/tiny.gin']
 # What gin's parser and Python's tokenizer and decoder cannot take.
 BAD_GIN_TEXT = {
-    'open bracket': (b'x = (\n', 'EOF in multi-line statement'),
+    'open bracket': (b'x = (\n', 'the text ends inside a bracket'),
     'binary': (bytes(range(128, 256)) * 2, 'not UTF-8 text'),
 }
 
@@ -72,7 +72,7 @@ def test_a_typo_in_gin_layered_over_a_trained_run_is_refused(
 @pytest.mark.unit
 @pytest.mark.parametrize('binding,said', [
     ('Pretrain.num_candidatez = 3', "doesn't have a parameter named"),
-    ('X = [1,', 'EOF in multi-line statement'),
+    ('X = [1,', 'ends inside a bracket or a string'),
     ('Ict.query_length = zz', "Failed to parse token 'zz'")])
 def test_a_bad_binding_over_a_run_is_named(tmp_path, binding, said):
   with pytest.raises(errors.BadConfig) as refused:
@@ -103,7 +103,7 @@ def test_a_binding_gin_cannot_tokenize_is_named(tmp_path, capsys):
   code, printed = run_cli([*TRAIN, f'--model_dir={tmp_path / "t"}',
                         '--gin.X=[1,'], capsys)
   _refused(code, printed, 'train',
-           "gin binding 'X = [1,': EOF in multi-line statement")
+           "gin binding 'X = [1,': the text ends inside a bracket")
 
 
 # 3. A run whose own config.gin is damaged.

@@ -94,8 +94,8 @@ def _check_macros(bindings) -> None:
 
 def _gin_message(error: Exception) -> str:
   """What gin's parser found wrong, in a line."""
-  if isinstance(error, tokenize.TokenError):  # It names no line of use.
-    return f'{error.args[0]}: a bracket or a string is left open.'
+  if isinstance(error, tokenize.TokenError):  # Worded by each Python.
+    return 'the text ends inside a bracket or a string left open.'
   if isinstance(error, UnicodeDecodeError):
     return f'not UTF-8 text (byte {error.start}: {error.reason}).'
   return errors.one_line(error)
