@@ -67,9 +67,10 @@ def run(args) -> None:
   from realm_jax.released import importer  # pylint: disable=g-import-not-at-top
   summary = importer.import_released(
       args.model_dir, args.source, args.blocks, block_emb=args.block_emb,
-      titles=args.titles, corpus_name=args.corpus_name or 'enwiki_20181220',
-      benchmark=args.benchmark or 'nq_open', gin_files=args.gin_file,
-      gin_bindings=args.gin_bindings)
+      titles=args.titles, gin_files=args.gin_file,
+      gin_bindings=args.gin_bindings, **{  # Else the importer's defaults.
+          name: getattr(args, name) for name in ('corpus_name', 'benchmark')
+          if getattr(args, name)})
   print(f'imported a {summary["kind"]} run into {summary["model_dir"]} '
         f'({summary["num_blocks"]:,} blocks, corpus '
         f'{summary["corpus_dir"]})')
