@@ -10,7 +10,7 @@ import shutil
 import gin
 import pytest
 
-from realm_jax import default_files, errors, main
+from realm_jax import default_files, errors, main, run_directory
 from realm_jax.data import corpus, corpus_changes
 from realm_jax.index import refresh
 from realm_jax.models import pretrained
@@ -115,32 +115,39 @@ def test_aot_refuses_an_output_it_cannot_write_before_compiling(tmp_path,
 ])
 def test_search_refuses_a_file_that_leaves_nothing_to_search(
     lines, problem, trained_pretraining, small_corpus_env, tmp_path, capsys):
+  """Before the model loads: the run gains no index of its step."""
   queries = tmp_path / 'queries.txt'
   queries.write_bytes(lines)
+  indexes = sorted(os.listdir(run_directory.index_dir(trained_pretraining)))
   _refused(['search', f'--queries={queries}',
             f'--model_dir={trained_pretraining}'], capsys,
            f'realm-jax search: Nothing to search in {queries}: {problem}.')
+  assert sorted(os.listdir(run_directory.index_dir(trained_pretraining))) == (
+      indexes)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_fill_refuses_more_masks_than_the_run_fills_and_skips_such_a_line(
     trained_pretraining, small_corpus_env, tmp_path, capsys):
-  """The run masks at most 8 spans (tests.helpers.RETRIEVAL)."""
+  """The run masks at most 8 spans (tests.helpers.RETRIEVAL). A copy: the
+  line it fills publishes the run's index of its step, which the shared
+  run must not gain."""
+  model_dir = shutil.copytree(trained_pretraining, str(tmp_path / 'run'))
   nine = ' '.join(['[MASK]'] * 9)
-  _refused(['fill', nine, f'--model_dir={trained_pretraining}'], capsys,
+  _refused(['fill', nine, f'--model_dir={model_dir}'], capsys,
            f"'{nine}' has 9 [MASK]s; this run fills at most 8 a sentence.")
   texts = tmp_path / 'texts.txt'
   texts.write_text(f'{nine}\nThe [MASK] is red.\n')
   output = tmp_path / 'filled.jsonl'
   code, printed = run_cli(['fill', f'--texts={texts}', f'--output={output}',
-                        f'--model_dir={trained_pretraining}'], capsys)
+                        f'--model_dir={model_dir}'], capsys)
   assert code == 0, printed
   assert f'{texts}:1: ' in printed and 'not fillable: 1' in printed
   rows = [json.loads(line) for line in output.read_text().splitlines()]
   assert [row['text'] for row in rows] == ['The [MASK] is red.']
   texts.write_text(f'{nine}\n')
-  _refused(['fill', f'--texts={texts}', f'--model_dir={trained_pretraining}'],
+  _refused(['fill', f'--texts={texts}', f'--model_dir={model_dir}'],
            capsys, f'Nothing to fill in {texts}: every line was skipped.')
 
 

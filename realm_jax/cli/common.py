@@ -3,6 +3,7 @@ their gin flags, and the checks made before a model loads."""
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -90,6 +91,13 @@ def one_or_many(command: str, single: str | None, path: str | None,
   if path is None and not single.strip():
     raise errors.BadInput(f'Nothing to {command}: the text given is empty.')
   inputs = [(None, single)] if path is None else read_inputs(path, report)
+  if path not in (None, '-'):
+    # A file is read up to its first input now: one that holds none is
+    # refused before the model loads (standard input is not waited for).
+    first = next(inputs, None)
+    if first is None:
+      _nothing_to(command, path, report)
+    inputs = itertools.chain([first], inputs)
   if output_path:
     check_output(output_path, '--output')
   written = 0
@@ -106,13 +114,19 @@ def one_or_many(command: str, single: str | None, path: str | None,
       sys.stdout.flush()
 
     yield inputs, report, write
+  if not written:  # A file's every line skipped, or none.
+    _nothing_to(command, path, report)
   if report:
     print(report.summary(), file=sys.stderr)
-  if not written:  # A file's every line skipped, or none.
-    raise errors.BadInput(
-        f'Nothing to {command} in {"<stdin>" if path == "-" else path}: ' + (
-            'every line was skipped.' if report else 'it has no text.'),
-        'Give one input a line.')
+
+
+def _nothing_to(command: str, path: str, report) -> None:
+  if report:
+    print(report.summary(), file=sys.stderr)
+  raise errors.BadInput(
+      f'Nothing to {command} in {"<stdin>" if path == "-" else path}: ' + (
+          'every line was skipped.' if report else 'it has no text.'),
+      'Give one input a line.')
 
 
 def check_top_k(top_k: int) -> None:
