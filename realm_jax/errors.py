@@ -56,6 +56,17 @@ def require_file(path, what: str) -> None:
         ': it is a directory.' if epath.Path(path).is_dir() else '.'))
 
 
+class PermissionDenied(UserError, PermissionError):
+  """A file or directory this process may not read or write: the command
+  line's word for a PermissionError from any library."""
+
+  @classmethod
+  def of(cls, error: PermissionError) -> 'PermissionDenied':
+    where = error.filename or one_line(error)
+    return cls(f'Permission denied: {where}.', 'Run as a user who may read '
+               'and write it, or change its permissions.')
+
+
 class BadInput(UserError, ValueError):
   """A file or text given to a command that it cannot use."""
 

@@ -118,6 +118,8 @@ def main(argv=None, exit_at_once: bool = False) -> int:
       BEFORE_JAX[args.command](args)
   except errors.UserError as error:
     return _user_error(args, error)
+  except PermissionError as error:
+    return _user_error(args, errors.PermissionDenied.of(error))
   from realm_jax import quiet  # pylint: disable=g-import-not-at-top
   quiet.quiet(args.verbose)  # Before JAX and TensorFlow start.
   from realm_jax import distributed  # pylint: disable=g-import-not-at-top
@@ -130,6 +132,8 @@ def main(argv=None, exit_at_once: bool = False) -> int:
     COMMANDS[args.command](args)
   except errors.UserError as error:
     return _user_error(args, error)
+  except PermissionError as error:
+    return _user_error(args, errors.PermissionDenied.of(error))
   if exit_at_once and args.command in READ_ONLY:
     sys.stdout.flush()
     sys.stderr.flush()

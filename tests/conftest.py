@@ -166,9 +166,10 @@ def tiny_config() -> BertConfig:
 
 @pytest.fixture(scope='session')
 def small_corpus(tmp_path_factory, tokenizer):
-  """The first 60 Wikipedia leads (20% held out)."""
-  return build_leads_corpus(tmp_path_factory.mktemp('corpora'), tokenizer, 60,
-                            validation_per_mille=200)
+  """The first 60 Wikipedia leads (20% held out); unchanged by any test."""
+  yield from _unchanged(build_leads_corpus(
+      tmp_path_factory.mktemp('corpora'), tokenizer, 60,
+      validation_per_mille=200), 'corpora')
 
 
 @pytest.fixture
@@ -190,13 +191,28 @@ def zebra(tmp_path, tokenizer, monkeypatch):
 @pytest.fixture(scope='session')
 def trained_pretraining(tmp_path_factory, small_corpus):
   """A 2-step tiny pre-training run on the small corpus, trained once;
-  tests that change it take copies."""
+  tests that change it take copies (`_unchanged`)."""
   model_dir = str(tmp_path_factory.mktemp('trained') / 'pretrain')
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv('REALM_CORPUS_DIR', small_corpus)
     train_tiny(model_dir, 'pretrain', *RETRIEVAL, '--gin.train.num_steps=2')
   gin.clear_config()  # Set up between tests: leaves no config behind.
-  return model_dir
+  yield from _unchanged(model_dir, 'run')
+
+
+def _unchanged(directory: str, what: str):
+  """Yields `directory`, shared by a session's tests; when the session ends,
+  fails naming it if a test added or removed a file there: what one test
+  leaves in it would decide, by the order the tests ran in, what another
+  reads."""
+  files = lambda: {os.path.relpath(os.path.join(root, name), directory)
+                   for root, _, names in os.walk(directory) for name in names}
+  before = files()
+  yield directory
+  changed = sorted(before ^ files())
+  assert not changed, (
+      f'A test changed the shared {what} {directory} (files added or '
+      f'removed: {changed[:5]}); give it a copy.')
 
 
 @pytest.fixture

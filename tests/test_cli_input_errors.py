@@ -12,6 +12,7 @@ import pytest
 
 from realm_jax import default_files, errors, main, run_directory
 from realm_jax.data import corpus, corpus_changes
+from realm_jax.export import writer
 from realm_jax.index import refresh
 from realm_jax.models import pretrained
 from realm_jax.models.bert import BertConfig
@@ -239,7 +240,37 @@ def test_import_names_a_source_or_an_export_it_cannot_read(tmp_path, capsys):
   _refused(['import', f'--model_dir={tmp_path}/new',
             f'--export={tmp_path}/export'], capsys,
            f'{tmp_path}/export/manifest.json is not JSON')
+  whole = {'format': writer.FORMAT, 'run': {'kind': 'Pretrain', 'step': 2},
+           'corpus': {'name': 'wiki_leads', 'fingerprint': 'f'},
+           'index': {}, 'parts': [], 'files': {}}
+  for manifest, said in (
+      ([1, 2], 'holds an array, not the object'),
+      ({**whole, 'files': ['a']}, 'field files is an array; an export writes an object'),
+      ({**whole, 'run': {'kind': 'Pretrain'}}, 'field run.step is missing'),
+      ({**whole, 'corpus': {**whole['corpus'], 'name': 3}},
+       'field corpus.name is a number; an export writes a string'),
+      ({**whole, 'files': {'a': 'b'}}, 'an entry that is not an object')):
+    (tmp_path / 'export' / 'manifest.json').write_text(json.dumps(manifest))
+    _refused(['import', f'--model_dir={tmp_path}/new',
+              f'--export={tmp_path}/export'], capsys,
+             f'{tmp_path}/export/manifest.json', said)
   assert not (tmp_path / 'new').exists()
+
+
+@pytest.mark.unit
+def test_eval_refused_after_making_its_output_dir_leaves_none(tmp_path,
+                                                             capsys):
+  """--output_dir is made before the run loads (one that cannot be is
+  refused first); a run that then cannot load takes it away again."""
+  _refused(['eval', f'--model_dir={tmp_path}/missing', '--task=nq_open',
+            f'--output_dir={tmp_path}/made/eval'], capsys,
+           f'{tmp_path}/missing is not a realm-jax training run')
+  assert not (tmp_path / 'made').exists()
+  (tmp_path / 'kept').mkdir()
+  _refused(['eval', f'--model_dir={tmp_path}/missing', '--task=nq_open',
+            f'--output_dir={tmp_path}/kept/eval'], capsys)
+  assert (tmp_path / 'kept').is_dir()
+  assert not (tmp_path / 'kept' / 'eval').exists()
 
 
 @pytest.mark.integration

@@ -5,6 +5,7 @@ a line that names the file, the binding or the run at fault, with exit code
 import json
 import os
 
+from etils.epath import gpath
 import pytest
 
 from realm_jax import errors, run_directory, run_guard
@@ -119,6 +120,25 @@ def test_a_damaged_config_gin_is_named(tmp_path, capsys, config):
   code, printed = run_cli(['search', 'x', f'--model_dir={model_dir}'], capsys)
   _refused(code, printed, 'search',
            f'{model_dir}/{run_directory.CONFIG} is damaged: ')
+
+
+@pytest.mark.unit
+def test_a_config_gin_that_cannot_be_read_is_not_called_damaged(
+    tmp_path, capsys, monkeypatch):
+  """Denied by its permissions (faked: the tests run as root, whom none
+  stop), it is said as such, in a line, as any file denied to a command."""
+  model_dir = _run_dir(tmp_path, ICT_CONFIG)
+  config = f'{model_dir}/{run_directory.CONFIG}'
+  read_bytes = gpath.PosixGPath.read_bytes
+
+  def denied(path):
+    if str(path) == config:
+      raise PermissionError(13, 'Permission denied', config)
+    return read_bytes(path)
+  monkeypatch.setattr(gpath.PosixGPath, 'read_bytes', denied)
+  code, printed = run_cli(['search', 'x', f'--model_dir={model_dir}'], capsys)
+  _refused(code, printed, 'search', f'Permission denied: {config}.')
+  assert 'damaged' not in printed
 
 
 # 5. A run of another layout, or whose format file is garbage.

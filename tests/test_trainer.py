@@ -393,6 +393,20 @@ def test_gin_typo_stops_before_any_work(tmp_path, capsys):
   assert not model_dir.exists()
 
 
+def test_data_missing_at_the_first_batch_leaves_no_run(tmp_path, capsys,
+                                                       monkeypatch):
+  """Found after the initial checkpoint and index were written: the new
+  directory goes, so that the corrected command starts afresh rather than
+  resuming a run bound to the refused one's settings."""
+  model_dir = tmp_path / 'run'
+  monkeypatch.setenv('REALM_DATA_DIR', str(tmp_path / 'no_data'))
+  assert train_tiny(str(model_dir), 'finetune', "--gin.Finetune.bert_dir=''",
+                    '--gin.Finetune.query_length=16',
+                    '--gin.train.num_steps=2') == 2
+  assert f'missing {tmp_path}/no_data/nq_open' in capsys.readouterr().err
+  assert not model_dir.exists()
+
+
 def test_missing_binding_stops_before_any_work(tmp_path, capsys):
   model_dir = tmp_path / 'run'
   assert main.main(['train', f'--model_dir={model_dir}', *TINY]) == 2

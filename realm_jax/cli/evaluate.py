@@ -67,7 +67,6 @@ def add_parser(command, flags) -> None:
 
 
 def run(args) -> None:
-  from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
   from realm_jax.data import open_qa  # pylint: disable=g-import-not-at-top
   from etils import epath  # pylint: disable=g-import-not-at-top
   if not args.task and not args.qa_file:
@@ -88,12 +87,34 @@ def run(args) -> None:
   common.check_top_k(args.top_k)
   if args.retrieval_output:
     common.check_output(args.retrieval_output, '--retrieval_output')
+  made = None
   if args.output_dir:  # Made now: one that cannot be is refused up front.
+    made = _first_missing(epath.Path(args.output_dir))
     try:
       epath.Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
       raise errors.BadInput(f'Cannot make --output_dir {args.output_dir}: '
                             f'{error.strerror or error}.') from error
+  try:
+    _score(args, tasks, output_dir, gin_files)
+  except BaseException:
+    # What this command made and wrote nothing into goes with it.
+    if made is not None and not any(files for _, _, files in made.walk()):
+      made.rmtree(missing_ok=True)
+    raise
+
+
+def _first_missing(path):
+  """The outermost directory of `path` that does not exist yet (None: it
+  all does)."""
+  missing = None
+  while not path.exists():
+    missing, path = path, path.parent
+  return missing
+
+
+def _score(args, tasks, output_dir, gin_files) -> None:
+  from realm_jax.evaluation import masked_lm, qa_evaluation  # pylint: disable=g-import-not-at-top
   if 'masked_lm' in args.task:
     summary = masked_lm.evaluate(args.model_dir, output_dir, 'masked_lm',
                                  gin_files, args.gin_bindings, args.batch_size,

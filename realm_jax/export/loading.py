@@ -9,7 +9,6 @@ Google's released REALM. Parts a run has but an export leaves out (a
 pre-training run's untrained span scorer) start fresh, as they did.
 """
 
-import json
 import os
 
 import jax
@@ -79,11 +78,7 @@ def import_export(export_dir: str, model_dir: str) -> dict:
     raise errors.NotFound(f'No export directory {export_dir}.',
                           'Give --export the directory `realm-jax export` '
                           'wrote.')
-  try:
-    manifest = writer.check(export_dir)
-  except json.JSONDecodeError as error:  # Cut short in a copy, say.
-    raise errors.BadInput(f'{root / writer.MANIFEST} is not JSON ({error}).',
-                          'Copy the export again, whole.') from error
+  manifest = writer.check(export_dir)
   model_dir = run_directory.absolute(model_dir)
   if epath.Path(model_dir).exists():
     raise errors.BadConfig(f'{model_dir} exists; import writes a new run.')

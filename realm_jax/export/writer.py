@@ -319,17 +319,59 @@ def check(export_dir: str) -> dict:
   if not path.exists():
     raise errors.NotFound(f'{export_dir} holds no {MANIFEST}: not a '
                           'realm-jax export.')
-  manifest = json.loads(path.read_text())
+  try:
+    manifest = json.loads(path.read_text())
+  except (UnicodeDecodeError, ValueError) as error:  # Cut short, say.
+    raise errors.BadInput(f'{path} is not JSON ({error}).',
+                          'Copy the export again, whole.') from error
+  if not isinstance(manifest, dict):
+    raise errors.BadInput(f'{path} holds {_json_kind(manifest)}, not the '
+                          "object of an export's manifest.")
   if manifest.get('format') != FORMAT:
     raise errors.BadInput(f'{path}: format {manifest.get("format")!r}; '
                           f'expected {FORMAT!r}.')
+  _check_shape(manifest, path)
   found = files(root)
   for name, listed in manifest['files'].items():
     if name not in found:
       raise errors.NotFound(f'{root / name} is missing; the manifest '
                             'lists it.')
-    if found[name]['sha256'] != listed['sha256']:
+    if found[name]['sha256'] != listed.get('sha256'):
       raise errors.BadInput(f'{root / name} is damaged: its sha256 is not '
                             'the one the manifest lists.')
   return manifest
 
+
+# The manifest's fields an import reads, with the type each must have.
+_FIELDS = {'run': dict, 'corpus': dict, 'index': dict, 'parts': list,
+           'files': dict}
+_RUN_FIELDS = {'kind': str, 'step': int}
+_CORPUS_FIELDS = {'name': str, 'fingerprint': str}
+
+
+def _check_shape(manifest: dict, path) -> None:
+  """Refuses, naming the field, a manifest an import could not read (edited
+  by hand, or of another tool), rather than failing deep in the import."""
+  for fields, where, within in ((_FIELDS, '', manifest),
+                                (_RUN_FIELDS, 'run.', manifest.get('run')),
+                                (_CORPUS_FIELDS, 'corpus.',
+                                 manifest.get('corpus'))):
+    for name, kind in fields.items():
+      value = within.get(name)
+      if not isinstance(value, kind) or isinstance(value, bool):
+        raise errors.BadInput(
+            f'{path}: field {where}{name} is '
+            + ('missing' if value is None else f'{_json_kind(value)}')
+            + f'; an export writes {_json_kind(kind())} there.',
+            'Copy the export again, whole.')
+  if not all(isinstance(v, dict) for v in manifest['files'].values()):
+    raise errors.BadInput(f'{path}: field files holds an entry that is not '
+                          'an object; an export writes {"sha256": ...} for '
+                          'each file.', 'Copy the export again, whole.')
+
+
+def _json_kind(value) -> str:
+  """What JSON calls a parsed value's type."""
+  return {bool: 'a boolean', int: 'a number', float: 'a number',
+          str: 'a string', list: 'an array', dict: 'an object'}.get(
+              type(value), 'null')

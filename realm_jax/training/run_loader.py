@@ -238,9 +238,10 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
         '`realm-jax train` wrote (or `realm-jax import` made).')
   run_guard.check_readable(model_dir)
   step_inputs.check_trained_vocabulary(model_dir)
+  data = config.read_bytes()  # Unreadable is not damaged: said apart.
   gin.clear_config()
   try:  # Tolerant: it may name what this command has not imported.
-    gin.parse_config(config.read_text(), skip_unknown=True)
+    gin.parse_config(data.decode('utf-8'), skip_unknown=True)
   except Exception as error:  # pylint: disable=broad-except
     raise errors.BadInput(
         f'{config} is damaged: {_gin_message(error)}', 'It is the config the '

@@ -273,12 +273,17 @@ def held_out_metrics(run: RunKind, source: Source, preparer: InputPreparer,
 
 def _remove_if_refused(model_dir: str, error: BaseException | None) -> None:
   """A new model_dir whose run a user error stopped before its first
-  checkpoint is removed (the lock, the format file, an empty checkpoints
-  directory): the corrected command starts as on a fresh directory."""
+  update is removed (the lock, the format file, the config, the initial
+  checkpoint and index: a data set found missing at the first batch comes
+  after them), so that the corrected command starts as on a fresh
+  directory, not as a resume bound to the refused run's settings."""
   if not isinstance(error, errors.UserError) or jax.process_index():
     return
-  first = epath.Path(run_directory.checkpoints_dir(model_dir)) / '0'
-  if not first.exists():
+  checkpoints = epath.Path(run_directory.checkpoints_dir(model_dir))
+  trained = checkpoints.is_dir() and any(
+      path.name.isdigit() and int(path.name) > 0
+      for path in checkpoints.iterdir())
+  if not trained:
     epath.Path(model_dir).rmtree(missing_ok=True)
 
 
