@@ -216,3 +216,18 @@ class BuilderStandIn:
     publication.publish(self.manager, self.step, embeddings,
                         publication.index_metadata(self.meta, embeddings,
                                                    self.step, 'exact'))
+
+
+def unchanged(directory: str, what: str):
+  """Yields `directory`, shared by a session's or a module's tests; at
+  their end, fails naming it if a test added or removed a file there: what
+  one test leaves in it would decide, by the order the tests ran in, what
+  another reads."""
+  files = lambda: {os.path.relpath(os.path.join(root, name), directory)
+                   for root, _, names in os.walk(directory) for name in names}
+  before = files()
+  yield directory
+  changed = sorted(before ^ files())
+  assert not changed, (
+      f'A test changed the shared {what} {directory} ({len(changed)} files '
+      f'added or removed: {changed[:5]}...); give it a copy.')

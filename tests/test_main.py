@@ -18,7 +18,7 @@ import pytest
 
 from realm_jax import errors, main, quiet
 from realm_jax.evaluation.answers import BlockTexts
-from tests.helpers import REPO, finetuned, run_cli, zebra_data
+from tests.helpers import REPO, finetuned, run_cli, unchanged, zebra_data
 
 
 @pytest.fixture(scope='module')
@@ -31,7 +31,8 @@ def finetuned_run(tmp_path_factory, tokenizer):
       patch.setenv(name, value)
     model_dir = finetuned(root)
   gin.clear_config()  # Set up between tests: leaves no config behind.
-  return model_dir, env
+  for shared in unchanged(model_dir, 'run'):
+    yield shared, env
 
 
 @pytest.fixture
