@@ -17,6 +17,7 @@ from realm_jax.data import (block_store, corpus, example_arrays,
                             masked_queries, masking, salient_spans,
                             span_arrays, task_names)
 from realm_jax.input import arrays
+from tests.helpers import unchanged
 
 SHAPES = {'query_token_ids': (32,), 'mlm_positions': (8,),
           'mlm_targets': (8,), 'block_id': ()}
@@ -34,7 +35,7 @@ def spans_root(small_corpus, tmp_path_factory, tokenizer):
     patch.setenv(corpus.CORPUS_ROOT_ENV, small_corpus)
     for split in ('train', 'validation'):
       span_arrays.write('wiki_leads', split, tokenizer, root)
-  return root
+  yield from unchanged(root, 'span arrays')
 
 
 def _spans(root, corpus_root, split, corpus_name='wiki_leads'):
