@@ -75,6 +75,29 @@ def default_runs() -> list[tuple[str, ...]]:
   return [(RUN_FILES[name], SETUP) for name in names]
 
 
+def preset_corpus(name: str) -> None:
+  """The leads' corpus as demo preset `name` reads it, cut at its block
+  length: built and annotated where $REALM_CORPUS_DIR has none; one cut
+  at another length is refused, not replaced (another preset's runs read
+  it)."""
+  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import preset as preset_lib  # pylint: disable=g-import-not-at-top
+  block_length = preset_lib.load(name).stage('corpus').args['block_length']
+  directory = corpus.corpus_dir('wiki_leads')
+  if not (epath.Path(directory) / corpus.METADATA).exists():
+    print(f'{directory}: the leads cut into blocks of at most {block_length} '
+          'wordpieces, for the preset ' + repr(name))
+    demo.build_corpus(block_length)
+    return
+  found = corpus.load_metadata(directory)['max_block_length']
+  if found != block_length:
+    raise errors.BadConfig(
+        f'The corpus at {directory} is cut into blocks of {found} wordpieces; '
+        f'the preset {name!r} reads {block_length}. Set '
+        f'{corpus.CORPUS_ROOT_ENV} to another directory (`make bundle-gpu` '
+        'uses runs/corpora-gpu), where its corpus is built.')
+
+
 def preset_runs(name: str) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
   """(the runs of demo preset `name`, the splits it never reads): NQ's
   training questions stay behind unless the preset fine-tunes, and NQ's run
@@ -436,6 +459,7 @@ def main(argv=None) -> int:
     else:
       runs, leave_out = [r.split(',') for r in args.run or []] or None, ()
       if args.preset:
+        preset_corpus(args.preset)
         runs, leave_out = preset_runs(args.preset)
       manifest = build(
           args.output_dir, runs, args.gin_bindings,

@@ -69,6 +69,31 @@ def test_blocks_hold_whole_sentences_within_the_budget(tmp_path, tokenizer):
 
 
 @pytest.mark.unit
+def test_an_article_becomes_blocks_of_the_runs_length_title_in_each(
+    tmp_path, tokenizer):
+  """Cut at a run's 64 wordpieces (the title budget a quarter of that):
+  every block is whole, carries its article's title, and together they
+  hold all of its text, in order; metadata counts blocks per article."""
+  sentences = [f'Sentence {i} of the lead names the river Nile and the '
+               f'city of Cairo in Egypt.' for i in range(9)]
+  rows = [{'title': 'Nile', 'text': ' '.join(sentences)},
+          {'title': 'Short', 'text': 'One sentence alone.'}]
+  out, meta = _build(tmp_path, tokenizer, rows, max_block_length=64)
+  assert meta['max_title_length'] == corpus.title_budget(64) == 16
+  assert corpus.title_budget(288) == corpus.MAX_TITLE_LENGTH
+  blocks = _blocks(out)
+  nile = [b for b in blocks if b['title'] == 'Nile']
+  assert len(nile) > 1 and all(len(b['token_ids']) <= 64 for b in blocks)
+  assert ' '.join(b['body'] for b in nile) == rows[0]['text']
+  title_ids = tokenizer.numpy_join(['Nile'], [''], max_length=8)
+  for block in nile:  # [CLS] Nile [SEP] ...
+    assert block['token_ids'][:block['title_length'] + 2] == title_ids[
+        'token_ids'][0][:block['title_length'] + 2].tolist()
+  assert meta['blocks_per_article'] == {'1': 1, str(len(nile)): 1}
+  assert meta['skipped'] == {}
+
+
+@pytest.mark.unit
 def test_bad_articles_are_counted(tmp_path, tokenizer):
   rows = [{'title': 'Good', 'text': 'Paris is the capital of France.'},
           {'title': 'List of rivers', 'text': 'The Nile. The Amazon.'},

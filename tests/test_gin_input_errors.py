@@ -188,6 +188,26 @@ def test_a_bad_schedule_names_what_is_wrong(warmup, total, said):
   assert said in str(refused.value) and 'fewer' not in str(refused.value)
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize('bindings,said', [
+    (["retriever_signal.name = 'realm'"],
+     "retriever_signal.name='realm'; expected one of 'marginal', 'emdr2', "
+     "'pdist'"),
+    (["retriever_signal.name = 'pdist'", 'retriever_signal.temperature = 0'],
+     'retriever_signal.temperature=0; expected > 0'),
+    (["retriever_signal.name = 'emdr2'",
+      'Finetune.retriever_beam_size = 20'],
+     'Finetune.retriever_beam_size=20 scores blocks it does not read')])
+def test_a_retriever_signal_that_cannot_train_is_named(tmp_path, capsys,
+                                                       bindings, said):
+  run = 'finetune' if 'beam' in bindings[-1] else 'pretrain'
+  code, printed = run_cli(
+      ['train', f'--gin_file=gin/runs/{run}.gin',
+       '--gin_file=gin/models/tiny.gin', f'--model_dir={tmp_path / "t"}',
+       *(f'--gin_bindings={b}' for b in bindings)], capsys)
+  _refused(code, printed, 'train', said)
+
+
 # 7. An undefined macro, named without the whole config.
 
 

@@ -333,3 +333,215 @@ def test_ict_loss_is_the_same_on_one_and_four_devices():
   np.testing.assert_allclose(jitted, single, rtol=1e-6)
   np.testing.assert_allclose(mapped, _ict_reference(queries, blocks), rtol=1e-5)
   assert 0 <= mapped_metrics['accuracy'] <= 1
+
+
+# The successors' retriever signals (losses.RetrieverSignal).
+
+SUCCESSORS = ('emdr2', 'pdist')
+
+
+def _p_z(scores, mask):
+  return np.where(mask, np.exp(_log_softmax(np.where(mask, scores, -np.inf))),
+                  0)
+
+
+def _log_p_y_given_z(logits, targets):
+  """log p(y_j|z,x) [b, k, M] in numpy."""
+  return np.take_along_axis(_log_softmax(logits), targets[:, None, :, None],
+                            -1)[..., 0]
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+@pytest.mark.parametrize('marginalize', ['per_token', 'whole_span'])
+def test_emdr2_retriever_gradient_is_posterior_minus_prior(seed, marginalize):
+  """d/df of -log sum_z p(z|x) sg(p(y|z,x)) is p(z|x) - p(z|x,y): REALM's
+  -r(z), per masked token (per_token) or per span (whole_span)."""
+  rng = np.random.default_rng(seed)
+  with jax.enable_x64(True):
+    scores, mask, logits, targets, target_mask = _random_inputs(rng)
+    loss = lambda f: losses.realm_mlm_loss(f, mask, logits, targets,
+                                           target_mask, marginalize,
+                                           'emdr2')[0]
+    gradient = np.asarray(jax.grad(loss)(jnp.asarray(scores)))
+  p_z = _p_z(scores, mask)
+  log_p = np.where(target_mask[:, None, :], _log_p_y_given_z(logits, targets),
+                   0.0)
+  if marginalize == 'whole_span':
+    log_p = np.sum(log_p, axis=-1, keepdims=True)
+  joint = p_z[..., None] * np.exp(log_p)
+  posterior = joint / joint.sum(axis=1, keepdims=True)
+  live = target_mask if marginalize == 'per_token' else np.ones((4, 1), bool)
+  expected = np.sum((p_z[..., None] - posterior) * live[:, None, :], axis=-1)
+  # The reader's logits are taken in float32 (`_token_log_probs`).
+  np.testing.assert_allclose(gradient, expected / target_mask.sum(),
+                             atol=1e-7)
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+@pytest.mark.parametrize('temperature', [0.01, 1.0])
+def test_pdist_retriever_gradient_is_prior_minus_the_readers_softmax(
+    seed, temperature):
+  """d/df of KL(q || p(z|x)) is p(z|x) - q(z), q the softmax of the mean
+  log p(y_j|z,x) over the masked tokens, at the temperature."""
+  rng = np.random.default_rng(seed)
+  with jax.enable_x64(True):
+    scores, mask, logits, targets, target_mask = _random_inputs(rng)
+    loss, metrics = losses.realm_mlm_loss(scores, mask, logits, targets,
+                                          target_mask, signal='pdist',
+                                          signal_temperature=temperature)
+    gradient = np.asarray(jax.grad(lambda f: losses.realm_mlm_loss(
+        f, mask, logits, targets, target_mask, signal='pdist',
+        signal_temperature=temperature)[0])(jnp.asarray(scores)))
+  p_z = _p_z(scores, mask)
+  mean_ll = np.sum(_log_p_y_given_z(logits, targets) * target_mask[:, None],
+                   axis=-1) / target_mask.sum(-1, keepdims=True)
+  q = _p_z(mean_ll / temperature, mask)
+  np.testing.assert_allclose(gradient, (p_z - q) / len(scores), atol=1e-6)
+  kl = np.sum(np.where(mask, q * (np.log(np.where(mask, q, 1))
+                                  - np.log(np.where(mask, p_z, 1))), 0), -1)
+  np.testing.assert_allclose(metrics['retriever_loss'], kl.mean(), rtol=1e-5)
+  assert np.all(gradient[~mask] == 0)
+
+
+@pytest.mark.parametrize('signal', SUCCESSORS)
+def test_the_successors_reader_learns_from_every_candidate_equally(signal):
+  """The reader's own likelihood: -mean_z log p(y|z,x), per masked token,
+  whatever p(z|x); the retriever's term sends the logits nothing."""
+  rng = np.random.default_rng(6)
+  scores, mask, logits, targets, target_mask = _random_inputs(rng)
+  scores = 40 * scores  # A peaked p(z|x) must not weight the reader.
+  with jax.enable_x64(True):
+    loss, metrics = losses.realm_mlm_loss(scores, mask, logits, targets,
+                                          target_mask, signal=signal)
+    logit_grad = np.asarray(jax.grad(lambda l: losses.realm_mlm_loss(
+        scores, mask, l, targets, target_mask, signal=signal)[0])(
+            jnp.asarray(logits)))
+    expected_grad = np.asarray(jax.grad(lambda l: -jnp.sum(jnp.sum(
+        jnp.take_along_axis(jax.nn.log_softmax(l), targets[:, None, :, None],
+                            -1)[..., 0] * target_mask[:, None], -1)
+        * mask / mask.sum(-1, keepdims=True)) / target_mask.sum())(
+            jnp.asarray(logits)))
+  per_candidate = np.sum(_log_p_y_given_z(logits, targets)
+                         * target_mask[:, None], -1)
+  reader = -np.sum(np.sum(per_candidate * mask, -1) / mask.sum(-1))
+  np.testing.assert_allclose(metrics['reader_loss'],
+                             reader / target_mask.sum(), rtol=1e-6)
+  np.testing.assert_allclose(loss, metrics['reader_loss']
+                             + metrics['retriever_loss'], rtol=1e-9)
+  np.testing.assert_allclose(logit_grad, expected_grad, atol=1e-7)
+  # The held-out figures are the marginal's, whatever trains the retriever.
+  _, marginal = losses.realm_mlm_loss(scores, mask, logits, targets,
+                                      target_mask)
+  for name in ('marginal_log_likelihood', 'masked_token_accuracy',
+               'retrieval_utility'):
+    np.testing.assert_allclose(metrics[name], marginal[name], rtol=1e-6)
+
+
+@pytest.mark.parametrize('signal', SUCCESSORS)
+def test_the_successors_are_finite_with_masked_candidates_and_masks(signal):
+  scores, mask, logits, targets, target_mask = _random_inputs(
+      np.random.default_rng(7))
+  mask[1, 1:] = False  # The null document alone.
+  target_mask[2] = False  # No masked token at all.
+  scores, logits = np.float32(scores), np.float32(logits)
+  loss = lambda s, l: losses.realm_mlm_loss(s, mask, l, targets, target_mask,
+                                            signal=signal)[0]
+  score_grad, logit_grad = map(np.asarray, jax.grad(loss, argnums=(0, 1))(
+      scores, logits))
+  assert np.isfinite(loss(scores, logits))
+  assert np.all(np.isfinite(score_grad)) and np.all(np.isfinite(logit_grad))
+  assert np.all(score_grad[~mask] == 0) and np.all(logit_grad[~mask] == 0)
+  assert np.all(score_grad[1] == 0)  # One candidate: p(z|x) = 1.
+  assert np.all(score_grad[2] == 0) and np.all(logit_grad[2] == 0)
+
+
+def test_distillation_kl_is_zero_where_no_candidate_is_valid():
+  log_p_z = jnp.log(jnp.array([[0.5, 0.5], [0.25, 0.75]]))
+  valid = np.array([[False, False], [True, True]])
+  kl = losses.distillation_kl(log_p_z, jnp.array([[3., 1.], [0., 0.]]), valid,
+                              1.0)
+  np.testing.assert_allclose(kl, [0.0, 0.5 * np.log(2) + 0.5 * np.log(2 / 3)],
+                             rtol=1e-6)
+  grad = jax.grad(lambda l: jnp.sum(losses.distillation_kl(
+      l, jnp.zeros((2, 2)), valid, 1.0)))(log_p_z)
+  assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[0] == 0)
+
+
+def test_an_unknown_signal_or_temperature_is_refused_by_name():
+  inputs = _random_inputs(np.random.default_rng(8))
+  with pytest.raises(ValueError, match=r"retriever_signal.name='realm'"):
+    losses.realm_mlm_loss(*inputs, signal='realm')
+  with pytest.raises(ValueError, match='retriever_signal.temperature=0'):
+    losses.realm_mlm_loss(*inputs, signal='pdist', signal_temperature=0)
+
+
+def _qa_block_log_likelihoods(span_logits, span_mask, gold):
+  """log p(y|z,x) of each block in numpy: its gold spans' share of its own."""
+  exp = np.exp(span_logits)
+  return np.log(np.sum(exp * gold, axis=(2, 3))
+                / np.sum(exp * span_mask, axis=(2, 3)))
+
+
+@pytest.mark.parametrize('signal', SUCCESSORS)
+def test_qa_successor_gradients_to_the_scores_are_analytic(signal):
+  scores, candidate_mask, span_logits, span_mask, gold = _qa_example()
+  scores = np.array([[0.5, -1.0]])
+  with jax.enable_x64(True):
+    loss_of = lambda f: losses.qa_loss(f, candidate_mask, span_logits,
+                                       span_mask, gold, signal=signal,
+                                       signal_temperature=0.5)
+    loss, metrics = loss_of(scores)
+    gradient = np.asarray(jax.grad(lambda f: loss_of(f)[0])(scores))
+  p = np.exp(scores) / np.exp(scores).sum()
+  block_ll = _qa_block_log_likelihoods(span_logits, span_mask, gold)
+  if signal == 'emdr2':
+    target = p * np.exp(block_ll) / np.sum(p * np.exp(block_ll))
+    np.testing.assert_allclose(metrics['retriever_loss'],
+                               -np.log(np.sum(p * np.exp(block_ll))),
+                               rtol=1e-6)
+  else:
+    target = np.exp(block_ll / 0.5) / np.exp(block_ll / 0.5).sum()
+    np.testing.assert_allclose(metrics['retriever_loss'],
+                               np.sum(target * np.log(target / p)), rtol=1e-5)
+  # The reader's term holds f fixed: all of d/df is the retriever's (the
+  # span scores are taken in float32).
+  np.testing.assert_allclose(gradient, p - target, atol=1e-7)
+  _, orqa = losses.qa_loss(scores, candidate_mask, span_logits, span_mask,
+                           gold)
+  np.testing.assert_allclose(metrics['reader_loss'], orqa['reader_loss'],
+                             rtol=1e-6)
+  # No block holds an answer: no retriever term, no gradient.
+  none = lambda f: losses.qa_loss(f, candidate_mask, span_logits, span_mask,
+                                  np.zeros_like(gold), signal=signal)[0]
+  assert none(scores) == 0 and np.all(jax.grad(none)(scores) == 0)
+
+
+def test_qa_successors_refuse_orqas_beam():
+  scores, candidate_mask, span_logits, span_mask, gold = _qa_example()
+  beam = (scores, candidate_mask, np.ones_like(candidate_mask))
+  with pytest.raises(ValueError, match='retriever beam'):
+    losses.qa_loss(scores, candidate_mask, span_logits, span_mask, gold, beam,
+                   signal='pdist')
+
+
+@pytest.mark.parametrize('signal', losses.RETRIEVER_SIGNALS)
+def test_each_signal_is_the_same_on_one_and_four_devices(signal):
+  """jit over batch-sharded arrays (GSPMD, as training shards a batch)
+  gives the loss and the score gradient of one device."""
+  scores, mask, logits, targets, target_mask = _random_inputs(
+      np.random.default_rng(10), batch=8)
+  scores, logits = np.float32(scores), np.float32(logits)
+  loss = lambda f, l, m, t, tm: losses.realm_mlm_loss(f, m, l, t, tm,
+                                                      signal=signal)[0]
+  value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  single = value_and_grad(scores, logits, mask, targets, target_mask)
+  mesh = jax.make_mesh((4,), ('data',), (jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:4])
+  sharded_inputs = jax.device_put(
+      (scores, logits, mask, targets, target_mask),
+      NamedSharding(mesh, P('data')))
+  sharded = value_and_grad(*sharded_inputs)
+  assert sharded[1][0].sharding.spec[0] == 'data'
+  np.testing.assert_allclose(sharded[0], single[0], rtol=1e-6)
+  for got, want in zip(sharded[1], single[1]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -68,6 +68,32 @@ def test_spans_past_the_query_budget_are_dropped_and_counted(annotator):
   assert annotator.report.counts['block without a salient span'] == 1
 
 
+@pytest.mark.unit
+def test_held_out_spans_are_found_in_sibling_blocks_only():
+  """A span counts when its words occur in another block of its article
+  (whose title each block carries), never in its own or another article."""
+  def block(title, body):
+    return {'title': title, 'body': body}
+  span = lambda body, text: (body.encode().index(text.encode()),
+                             body.encode().index(text.encode())
+                             + len(text.encode()), 0)
+  first = 'Ada Lovelace wrote in 1843 about the Engine.'
+  second = 'Babbage designed the Engine; Lovelace knew him.'
+  counts = salient_spans.SiblingSpans()
+  counts.add(block('Lovelace', first), [span(first, 'Ada Lovelace'),
+                                        span(first, '1843'),
+                                        span(first, 'Engine')], True)
+  counts.add(block('Lovelace', second), [span(second, 'Babbage')], False)
+  # The next article holds "1843", which is not a sibling of the first.
+  third = 'In 1843 a ship sailed.'
+  counts.add(block('Ship', third), [span(third, '1843')], True)
+  assert counts.as_dict() == {
+      'spans': 4, 'in_articles_of_several_blocks': 3,
+      # "Engine" is in the sibling; "Ada Lovelace" is not (its title is
+      # Lovelace alone); "1843" is elsewhere only.
+      'in_a_sibling_block': 1, 'share_in_a_sibling_block': 0.25}
+
+
 @pytest.mark.integration
 def test_annotated_corpus(small_corpus):
   directory = os.path.join(small_corpus, 'wiki_leads')
@@ -75,6 +101,9 @@ def test_annotated_corpus(small_corpus):
     stats = __import__('json').load(f)
   assert stats['num_blocks'] == corpus.load_metadata(directory)['num_blocks']
   assert 0.5 < stats['fraction_with_salient_span'] <= 1
+  held = stats['held_out_spans']
+  assert 0 <= held['in_a_sibling_block'] <= held[
+      'in_articles_of_several_blocks'] <= held['spans'] > 0
   records = list(tf.data.TFRecordDataset(
       os.path.join(directory, 'annotated', 'train.tfrecord')).map(
           salient_spans.parse_annotated_block))

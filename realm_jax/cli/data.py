@@ -14,7 +14,8 @@ def add_parser(command, flags) -> None:
   steps = data.add_subparsers(dest='step', required=True)
   step = functools.partial(steps.add_parser, parents=[flags])
   build = step(
-      'build-corpus', help='Chunk articles into blocks of <= 288 wordpieces.')
+      'build-corpus', help='Chunk articles at sentences into blocks of <= '
+      '--max_block_length wordpieces, the title in each.')
   build.add_argument('--output_dir', default=None,
                      help='Default: $REALM_CORPUS_DIR/wiki_leads (or '
                      'runs/corpora/wiki_leads).')
@@ -23,7 +24,11 @@ def add_parser(command, flags) -> None:
                      'the embedded Wikipedia leads.')
   build.add_argument('--vocab', default=None,
                      help='WordPiece vocab.txt (default: the embedded one).')
-  build.add_argument('--max_block_length', type=int, default=288)
+  build.add_argument('--max_block_length', type=common.positive(int),
+                     default=288,
+                     help="The paper's 288, or the length the runs read "
+                     '(Pretrain.block_length), so that none of the text goes '
+                     'unread; the title takes at most a quarter.')
   build.add_argument('--blocks_per_shard', type=common.positive(int),
                      default=100_000)
   annotate = step(

@@ -2,7 +2,10 @@
 
 As in ORQA and REALM, each article is split into sentences and whole sentences
 are packed greedily into blocks `[CLS] title [SEP] body [SEP]` of at most
-`max_block_length` wordpieces. Blocks get consecutive ids in input order, so
+`max_block_length` wordpieces (288 in the paper; a run that reads shorter
+blocks builds its corpus at its own length, so that no text goes unread). The
+title is in every block of its article, cut to a quarter of the block at most
+(`title_budget`). Blocks get consecutive ids in input order, so
 the same input always gives the same ids and fingerprint. The builder streams:
 articles are read, tokenized and written a batch at a time, into TFRecord
 shards, with `metadata.json` written last. A build goes to a temporary
@@ -214,6 +217,8 @@ class CorpusBuilder:
     self.splitter = SentenceSplitter()
     self.report = SkipReport('build-corpus')
     self.next_id = 0
+    # Articles by how many blocks each became (metadata.json).
+    self.blocks_per_article: collections.Counter = collections.Counter()
 
   def blocks(self, articles: list[tuple[str, sources.Article]]) -> list[Block]:
     """Blocks of a batch of (where, article), in order, with fresh ids."""
@@ -250,7 +255,9 @@ class CorpusBuilder:
         for piece in _split_long_sentence(self.tokenizer, sentence, budget):
           texts.append(piece)
           ids.append(_lengths(self.tokenizer, [piece])[0])
-      for group in pack_sentences([len(i) for i in ids], budget):
+      groups = pack_sentences([len(i) for i in ids], budget)
+      self.blocks_per_article[len(groups)] += 1
+      for group in groups:
         out.append(self._block(article.title, title_ids,
                                [texts[i] for i in group],
                                [ids[i] for i in group]))
@@ -373,16 +380,28 @@ class CorpusWriter:
     return metadata
 
 
+def title_budget(max_block_length: int) -> int:
+  """Wordpieces a title may take in a block: 64 (ORQA's), and never more
+  than a quarter of the block, so a 64-wordpiece block keeps 45 for its
+  body."""
+  return min(MAX_TITLE_LENGTH, max_block_length // 4)
+
+
 def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
                  wiki_leads_json: str | None = None,
                  jsonl_paths: list[str] | None = None,
                  max_block_length: int = MAX_BLOCK_LENGTH,
-                 max_title_length: int = MAX_TITLE_LENGTH,
+                 max_title_length: int | None = None,
                  blocks_per_shard: int = 100_000,
                  articles_per_batch: int = 256) -> dict:
-  """Builds a corpus from the wiki leads file or JSONL files; returns metadata."""
+  """Builds a corpus from the wiki leads file or JSONL files; returns metadata.
+
+  `max_title_length` None: `title_budget(max_block_length)`.
+  """
   if bool(wiki_leads_json) == bool(jsonl_paths):
     raise ValueError('Give exactly one source: wiki_leads_json or jsonl_paths.')
+  if max_title_length is None:
+    max_title_length = title_budget(max_block_length)
   builder = CorpusBuilder(tokenizer, max_block_length, max_title_length)
   source_digest = hashlib.sha256()
   if wiki_leads_json:
@@ -416,6 +435,8 @@ def build_corpus(output_dir: str, tokenizer: WordPieceTokenizer,
   metadata = writer.finish(
       num_articles=num_articles, max_block_length=max_block_length,
       max_title_length=max_title_length,
+      blocks_per_article={str(n): count for n, count in sorted(
+          builder.blocks_per_article.items())},
       source_fingerprint=source_digest.hexdigest(),
       sources=[wiki_leads_json] if wiki_leads_json else list(jsonl_paths),
       skipped=builder.report.as_dict())

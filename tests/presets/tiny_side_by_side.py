@@ -24,7 +24,7 @@ PRESET = Preset(
     family='demo', setup='gin/models/tiny.gin',
     sizes={'ict_steps': 2, 'reader_steps': 2, 'pretrain_steps': 2},
     stages=(
-        Stage('corpus', 'corpus', result=''),
+        Stage('corpus', 'corpus', {'block_length': 288}, result=''),
         Stage('machine', 'machine', timed=False),
         Stage('ict', 'train', {'run': 'ict', 'bindings': TINY}, memory=0.5),
         Stage('reader', 'train', {'run': 'pretrain', 'bindings': {

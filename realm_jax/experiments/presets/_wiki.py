@@ -11,9 +11,11 @@ STALE_FACTOR = 30
 QA_TASKS = ('nq_open', 'web_questions', 'curated_trec')
 
 
-def corpus() -> Stage:
-  """The leads built and annotated (or a bundle's, checked)."""
-  return Stage('corpus', 'corpus', result='')
+def corpus(block_length: int) -> Stage:
+  """The leads cut into blocks of at most `block_length` wordpieces, the
+  length the setup's runs read (`Pretrain.block_length`), and annotated; or
+  a bundle's corpus, checked to be cut so."""
+  return Stage('corpus', 'corpus', {'block_length': block_length})
 
 
 def machine() -> Stage:
@@ -72,11 +74,11 @@ def pretrain(name: str, steps: int, batch: int, refresh_interval: int,
       'builder': cadence if builder else None})
 
 
-def warm_starts(ict_steps: int, reader_steps: int, batch: int
-                ) -> tuple[Stage, ...]:
+def warm_starts(block_length: int, ict_steps: int, reader_steps: int,
+                batch: int) -> tuple[Stage, ...]:
   """What every Wikipedia-leads preset starts with: the corpus, the
   machine, the ICT retriever (and its NQ recall) and the warm reader."""
-  return (corpus(), machine(), ict(ict_steps, batch),
+  return (corpus(block_length), machine(), ict(ict_steps, batch),
           recall('recall_ict', 'ict'), reader(reader_steps, batch))
 
 

@@ -6,6 +6,8 @@ against the ICT start."""
 from realm_jax.experiments.preset import Preset
 from realm_jax.experiments.presets import _wiki
 
+# The corpus is cut at the length its setup's runs read (BLOCK_LENGTH).
+BLOCK_LENGTH = 64
 ICT_STEPS, READER_STEPS, PRETRAIN_STEPS, REFRESH_INTERVAL = 40, 100, 100, 10
 BATCH, PRETRAIN_BATCH = 32, 8
 RUNS = {'realm': {}, 'baseline': {'Pretrain.num_candidates': 1}}
@@ -20,7 +22,7 @@ PRESET = Preset(
            'pretrain_batch': PRETRAIN_BATCH},
     stages=(
         # corpus, machine, ict, recall_ict, reader;
-        *_wiki.warm_starts(ICT_STEPS, READER_STEPS, BATCH),
+        *_wiki.warm_starts(BLOCK_LENGTH, ICT_STEPS, READER_STEPS, BATCH),
         # pretrain_realm, pretrain_baseline, throughput, masked_lm_realm,
         # masked_lm_baseline;
         *_wiki.pretraining(RUNS, PRETRAIN_STEPS, PRETRAIN_BATCH,

@@ -24,6 +24,7 @@ from realm_jax.experiments.presets import _wiki
 ICT_STEPS, READER_STEPS, PRETRAIN_STEPS, REFRESH_INTERVAL = 500, 1250, 1250, 20
 BATCH, PRETRAIN_BATCH = 256, 64
 SETUP = 'gin/setups/gpu_demo.gin'
+BLOCK_LENGTH = 128  # SETUP's BLOCK_LENGTH: the bundle's corpus is cut so.
 # REALM's step at batch 64 took 25.7 GiB beyond its arguments on an H100
 # (2026-11-27), over its share below, and ran in 2 microbatches; since its
 # LayerNorms and GELU are recomputed in the backward pass, XLA:GPU's
@@ -47,7 +48,7 @@ def stages(ict_steps=ICT_STEPS, reader_steps=READER_STEPS,
   """The stages in the order the runner starts them, each with its share
   of the memory (other sizes: a smaller run of the same schedule)."""
   corpus, machine, ict, recall_ict, reader = _wiki.warm_starts(
-      ict_steps, reader_steps, batch)
+      BLOCK_LENGTH, ict_steps, reader_steps, batch)
   pretraining = {stage.name: stage for stage in _wiki.pretraining(
       RUNS, pretrain_steps, pretrain_batch, refresh_interval)}
   order = (  # Each scored once its run is trained: the baseline first.

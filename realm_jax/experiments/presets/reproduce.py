@@ -5,7 +5,7 @@ from ORQA (the ICT retriever with a BERT reader), scored on NQ,
 WebQuestions and CuratedTREC."""
 
 from realm_jax.experiments.preset import Dir, Preset
-from realm_jax.experiments.presets import _wiki
+from realm_jax.experiments.presets import _wiki, demo
 
 ICT_STEPS, READER_STEPS, PRETRAIN_STEPS, REFRESH_INTERVAL = 100, 300, 300, 20
 FINETUNE_STEPS, BATCH, PRETRAIN_BATCH = 200, 32, 8
@@ -15,7 +15,7 @@ RUNS = {'realm': {}, 'baseline': {'Pretrain.num_candidates': 1},
 RECALLED = ('realm', 'stale', 'random_span')
 
 PRESET = Preset(
-    family='demo', setup='gin/setups/demo.gin', run_gin=('gin/runs/eval.gin',),
+    family='demo', setup=demo.PRESET.setup, run_gin=('gin/runs/eval.gin',),
     sizes={'ict_steps': ICT_STEPS, 'reader_steps': READER_STEPS,
            'pretrain_steps': PRETRAIN_STEPS,
            'refresh_interval': REFRESH_INTERVAL,
@@ -25,7 +25,8 @@ PRESET = Preset(
            'pretrain_batch': PRETRAIN_BATCH},
     stages=(
         # corpus, machine, ict, recall_ict, reader;
-        *_wiki.warm_starts(ICT_STEPS, READER_STEPS, BATCH),
+        *_wiki.warm_starts(demo.BLOCK_LENGTH, ICT_STEPS, READER_STEPS,
+                           BATCH),
         # pretrain_<run> for each run, throughput, masked_lm_<run> for each;
         *_wiki.pretraining(RUNS, PRETRAIN_STEPS, PRETRAIN_BATCH,
                            REFRESH_INTERVAL),
