@@ -22,6 +22,38 @@ def zebra_corpus(tmp_path, tokenizer):
   return directory
 
 
+def test_articles_number_each_run_of_one_title_and_siblings_stay_in_it(
+    tmp_path, tokenizer):
+  """Cut at 32 wordpieces, an article is several blocks in a row; each
+  draw is another block of the same article, any of them, never the block
+  itself, and the null id for an article of one block."""
+  source = tmp_path / 'articles.jsonl'
+  sentence = 'The zebra runs across the wide plain at dawn.'
+  rows = [{'title': 'Zebra', 'text': ' '.join([sentence] * 6)},
+          {'title': 'Okapi', 'text': 'The okapi lives in the forest.'},
+          {'title': 'Horse', 'text': ' '.join([sentence] * 3)}]
+  source.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  directory = str(tmp_path / 'animals')
+  corpus.build_corpus(directory, tokenizer, jsonl_paths=[str(source)],
+                      max_block_length=32)
+  store = block_store.open_store(directory)
+  articles = store.articles()
+  titles = [store.title(i) for i in range(store.num_blocks)]
+  assert [titles[i] for i in np.unique(articles, return_index=True)[1]] == [
+      'Zebra', 'Okapi', 'Horse']
+  assert all(titles[i] == ('Zebra', 'Okapi', 'Horse')[a]
+             for i, a in enumerate(articles))
+  zebra = [i for i, t in enumerate(titles) if t == 'Zebra']
+  assert len(zebra) >= 3
+  rng = np.random.default_rng(0)
+  ids = np.array(zebra * 200 + [titles.index('Okapi')])
+  drawn = block_store.draw_siblings(articles, ids, rng, -1)
+  assert drawn[-1] == -1  # The okapi has no other block.
+  for block in zebra:
+    of_it = set(drawn[:-1][ids[:-1] == block].tolist())
+    assert of_it == set(zebra) - {block}
+
+
 def test_the_store_holds_what_the_shards_hold(zebra_corpus):
   store = block_store.open_store(zebra_corpus)
   blocks = list(corpus.read_blocks(zebra_corpus).as_numpy_iterator())

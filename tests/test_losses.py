@@ -404,34 +404,36 @@ def test_pdist_retriever_gradient_is_prior_minus_the_readers_softmax(
 
 
 @pytest.mark.parametrize('signal', SUCCESSORS)
-def test_the_successors_reader_learns_from_every_candidate_equally(signal):
-  """The reader's own likelihood: -mean_z log p(y|z,x), per masked token,
-  whatever p(z|x); the retriever's term sends the logits nothing."""
+@pytest.mark.parametrize('marginalize', ['per_token', 'whole_span'])
+def test_the_successors_reader_learns_as_realms_does(signal, marginalize):
+  """The reader's term, -log sum_z sg(p(z|x)) p(y|z,x), gives the logits
+  REALM's gradient; the retriever's term sends them nothing. So emdr2's
+  gradient is the marginal's, to the scores too: with a reader that reads
+  each block apart the two are one objective."""
   rng = np.random.default_rng(6)
   scores, mask, logits, targets, target_mask = _random_inputs(rng)
-  scores = 40 * scores  # A peaked p(z|x) must not weight the reader.
   with jax.enable_x64(True):
+    grads = lambda how: [np.asarray(g) for g in jax.grad(
+        lambda f, l: losses.realm_mlm_loss(f, mask, l, targets, target_mask,
+                                           marginalize, how)[0],
+        argnums=(0, 1))(jnp.asarray(scores), jnp.asarray(logits))]
+    (realm_scores, realm_logits), (successor_scores, successor_logits) = (
+        grads('marginal'), grads(signal))
     loss, metrics = losses.realm_mlm_loss(scores, mask, logits, targets,
-                                          target_mask, signal=signal)
-    logit_grad = np.asarray(jax.grad(lambda l: losses.realm_mlm_loss(
-        scores, mask, l, targets, target_mask, signal=signal)[0])(
-            jnp.asarray(logits)))
-    expected_grad = np.asarray(jax.grad(lambda l: -jnp.sum(jnp.sum(
-        jnp.take_along_axis(jax.nn.log_softmax(l), targets[:, None, :, None],
-                            -1)[..., 0] * target_mask[:, None], -1)
-        * mask / mask.sum(-1, keepdims=True)) / target_mask.sum())(
-            jnp.asarray(logits)))
-  per_candidate = np.sum(_log_p_y_given_z(logits, targets)
-                         * target_mask[:, None], -1)
-  reader = -np.sum(np.sum(per_candidate * mask, -1) / mask.sum(-1))
-  np.testing.assert_allclose(metrics['reader_loss'],
-                             reader / target_mask.sum(), rtol=1e-6)
+                                          target_mask, marginalize,
+                                          signal=signal)
+    _, marginal = losses.realm_mlm_loss(scores, mask, logits, targets,
+                                        target_mask, marginalize)
+  np.testing.assert_allclose(successor_logits, realm_logits, atol=1e-7)
+  if signal == 'emdr2':
+    np.testing.assert_allclose(successor_scores, realm_scores, atol=1e-7)
+  # The reader's term is the marginal's value; the total adds the
+  # retriever's term.
+  np.testing.assert_allclose(metrics['reader_loss'], marginal['loss'],
+                             rtol=1e-6)
   np.testing.assert_allclose(loss, metrics['reader_loss']
                              + metrics['retriever_loss'], rtol=1e-9)
-  np.testing.assert_allclose(logit_grad, expected_grad, atol=1e-7)
   # The held-out figures are the marginal's, whatever trains the retriever.
-  _, marginal = losses.realm_mlm_loss(scores, mask, logits, targets,
-                                      target_mask)
   for name in ('marginal_log_likelihood', 'masked_token_accuracy',
                'retrieval_utility'):
     np.testing.assert_allclose(metrics[name], marginal[name], rtol=1e-6)

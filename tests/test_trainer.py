@@ -173,6 +173,12 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
     run_kinds.Pretrain(num_candidates=4, source_block_rate=0.5)
 
 
+def test_a_reader_warm_start_reads_an_own_or_a_sibling_block_only():
+  with pytest.raises(ValueError, match="Pretrain.source_block='next'"):
+    run_kinds.Pretrain(num_candidates=1, source_block_rate=1.0,
+                       source_block='next')
+
+
 def test_a_null_score_offset_needs_the_null_document():
   with pytest.raises(ValueError, match='null_document = True'):
     run_kinds.Pretrain(null_document=False, null_score_offset=0.0)

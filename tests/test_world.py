@@ -206,6 +206,22 @@ def test_scorings_along_a_run_are_averaged_per_query_then_compared():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize('name', ['world_pdist'])
+def test_a_signal_preset_trains_every_retriever_of_the_world_by_it(name):
+  """REALM and its frozen control by the signal its name says; the runs
+  that read the null document alone, and the warm starts, by nothing else."""
+  from realm_jax.experiments import preset as preset_lib  # pylint: disable=g-import-not-at-top
+  spec = preset_lib.load(name)
+  signal = name.removeprefix('world_')
+  bound = {stage.name: stage.args['bindings'].get('retriever_signal.name')
+           for stage in spec.stages if 'bindings' in stage.args}
+  assert bound == {'ict': None, 'reader': None, 'pretrain_realm': signal,
+                   'pretrain_baseline': None, 'pretrain_frozen': signal,
+                   'pretrain_start': None}
+  assert spec.sizes == {**preset_lib.load('world').sizes, 'ablations': False}
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize('steps', [30, 2])
 def test_a_preset_not_scored_at_whole_quarters_is_refused(steps):
   from realm_jax.experiments.presets import _world  # pylint: disable=g-import-not-at-top
@@ -217,7 +233,7 @@ def test_a_preset_not_scored_at_whole_quarters_is_refused(steps):
 
 @pytest.mark.unit
 @pytest.mark.parametrize('name', ['world', 'world_small', 'world_top3',
-                                  'world_warmup30'])
+                                  'world_warmup30', 'world_pdist'])
 def test_each_run_saves_what_its_builder_and_its_scoring_read(name):
   """A run with an index builder saves its towers at every refresh step
   (as a snapshot or a whole checkpoint), and a whole checkpoint at every

@@ -45,8 +45,8 @@ def add_parser(command, flags) -> None:
                     'reuses the demo\'s stages); gpu: the demo at '
                     'accelerator size on one GPU, from a bundle (make '
                     'bundle-gpu; docs/accelerators.md); signals: the demo\'s '
-                    'REALM beside the same run trained by EMDR2\'s and by '
-                    'perplexity distillation\'s retriever signal '
+                    'REALM beside the same run trained by perplexity '
+                    'distillation\'s retriever signal '
                     '(--work_dir=runs/demo reuses the demo\'s stages); '
                     'world: REALM\'s '
                     'four claims in a controlled knowledge world, where each '
@@ -55,6 +55,8 @@ def add_parser(command, flags) -> None:
                     'with the null document and the top 3 (8 in all by '
                     'default), and with REALM\'s warmup over 30 steps (100 '
                     'by default); '
+                    'world_pdist: the world with the retriever trained by '
+                    'perplexity distillation; '
                     'world_small: its REALM and baseline alone, '
                     'in a smaller world (the learning test\'s).')
 

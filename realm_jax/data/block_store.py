@@ -78,6 +78,19 @@ class BlockStore:
   def body(self, i: int) -> str:
     return self._text('bodies', 'body_offsets', i)
 
+  def articles(self) -> np.ndarray:
+    """[num_blocks] each block's article, numbered in order: the builder
+    writes an article's blocks one after another, each with its title, so
+    a run of equal titles is one article."""
+    offsets = self.read('title_offsets', 0, self.num_blocks + 1)
+    titles = self.read('titles', 0, int(offsets[-1]))
+    starts = [0] + [i for i in range(1, self.num_blocks) if bytes(
+        titles[offsets[i]:offsets[i + 1]]) != bytes(
+            titles[offsets[i - 1]:offsets[i]])]
+    first = np.zeros(self.num_blocks, np.int64)
+    first[starts] = 1
+    return np.cumsum(first) - 1
+
   def padded(self, length: int, start: int = 0, stop: int | None = None
              ) -> dict[str, np.ndarray]:
     """token_ids/token_type_ids/input_mask [n, L] of blocks [start, stop),
@@ -101,6 +114,21 @@ class BlockStore:
     return {'token_ids': token_ids, 'input_mask': inside.astype(np.int32),
             'token_type_ids': (inside & (columns[None, :] >= title_end)
                                ).astype(np.int32)}
+
+
+def draw_siblings(articles: np.ndarray, block_ids, rng: np.random.Generator,
+                  none: int) -> np.ndarray:
+  """[B] another block of each block's article (`articles`, as
+  `BlockStore.articles` numbers them), drawn uniformly, or `none` where
+  the article is that block alone."""
+  ids = np.asarray(block_ids)
+  first = np.searchsorted(articles, articles[ids], side='left')
+  count = np.searchsorted(articles, articles[ids], side='right') - first
+  # One of the count - 1 others: from the block's own place on, one further.
+  drawn = np.floor(rng.random(len(ids)) * np.maximum(count - 1, 1)
+                   ).astype(np.int64)
+  drawn += drawn >= ids - first
+  return np.where(count > 1, first + drawn, none)
 
 
 def _read_shards(corpus_dir: str) -> dict[str, np.ndarray]:

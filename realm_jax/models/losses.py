@@ -6,7 +6,8 @@ f(x, z) the relevance score, p(z|x) = softmax_z f(x, z) over the k candidates.
 The retriever's training signal (`RetrieverSignal`) is REALM's marginal
 likelihood or one of its successors'. The successors train the retriever
 by a term of its own, computed from the reader's likelihoods under a stop
-gradient (sg), and train the reader by its own likelihood:
+gradient (sg), and train the reader by its own likelihood, the retriever's
+weights held fixed:
   emdr2 (Sachan et al. 2021): -log sum_z p(z|x) sg(p(y|z,x));
   pdist (Atlas's perplexity distillation, Izacard et al. 2022; REPLUG's
     LSR): KL(q || p(z|x)), q = softmax_z sg(log p(y|z,x)) / temperature,
@@ -180,16 +181,19 @@ def _mlm_successor_terms(log_p_z, log_p_y_given_z, candidate_mask, mlm_mask,
                          marginalize, signal, temperature):
   """Per-example (reader term, retriever term) of emdr2 or pdist.
 
-  The reader's own likelihood: every candidate it reads teaches it
-  equally, -mean_z log p(y|z,x), as a Fusion-in-Decoder reader learns from
-  each passage whatever the retriever thinks of it. The retriever's term
-  reads the reader's likelihoods under a stop gradient.
+  The reader's own likelihood of y from the k blocks it read, the
+  retriever's weights held fixed: -log sum_z sg(p(z|x)) p(y|z,x). Its
+  gradient is REALM's reader gradient, so with a reader that reads each
+  block apart (this one; the successors' read them jointly) emdr2's two
+  terms have exactly the marginal's gradient, and pdist differs from REALM
+  in its retriever alone. (Every candidate weighted alike instead, as a
+  Fusion-in-Decoder reader sees them, taught the world's reader to ignore
+  what it reads: docs/levers.md.) The retriever's term reads the reader's
+  likelihoods under a stop gradient.
   """
   valid = candidate_mask.astype(bool)
-  per_candidate = jnp.sum(jnp.where(mlm_mask[:, None, :], log_p_y_given_z,
-                                    0.0), axis=-1)
-  reader = -jnp.sum(jnp.where(valid, per_candidate, 0.0), axis=-1) / (
-      jnp.maximum(jnp.sum(valid, axis=-1), 1))
+  reader = -marginal_log_likelihood(jax.lax.stop_gradient(log_p_z),
+                                    log_p_y_given_z, mlm_mask, marginalize)
   fixed = jax.lax.stop_gradient(log_p_y_given_z)
   if signal == 'emdr2':
     return reader, -marginal_log_likelihood(log_p_z, fixed, mlm_mask,
@@ -212,7 +216,8 @@ def realm_mlm_loss(scores, candidate_mask, mlm_logits, mlm_targets, mlm_mask,
   'marginal' (the paper): -log p(y|x) per masked token, whose gradient to
   f(x, z) is r(z) = p(z|x,y) - p(z|x). 'emdr2' and 'pdist' (see the module
   docstring): the reader's term per masked token, plus the retriever's
-  (emdr2's per masked token, pdist's KL per example). The null document
+  (emdr2's per masked token, pdist's KL per example); emdr2's gradient is
+  the marginal's here (`_mlm_successor_terms`). The null document
   must be candidate 0; `retrieval_utility` compares the marginal against
   reading it alone, whatever the signal.
 

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed, errors, run_directory
+from realm_jax.data import block_store
 from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
@@ -57,8 +58,10 @@ class CandidateRetrieval:
     # the only candidate (the reader without retrieval needs no index).
     self.fetch = num_candidates - int(null_document_first)
     self.exclude_source = exclude_source
-    self.blocks = opened.store().padded(
+    self.store = opened.store()
+    self.blocks = self.store.padded(
         block_length or self.corpus_metadata['max_block_length'])
+    self._articles = None  # Each block's article, once siblings are drawn.
     self.null = {k: np.asarray(v) for k, v in null_document(
         self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
     # This process's devices only: each process searches its own queries.
@@ -199,6 +202,14 @@ class CandidateRetrieval:
       raise RuntimeError(
           f'{run_directory.index_dir(self.model_dir)} serves the index of '
           f'step {self.client.params_step}, not the evaluated step {step}.')
+
+  def siblings(self, block_ids, rng: np.random.Generator) -> np.ndarray:
+    """[B] another block of each block's article, drawn at random, or
+    NULL_DOCUMENT_ID where the article is that block alone."""
+    if self._articles is None:
+      self._articles = self.store.articles()
+    return block_store.draw_siblings(self._articles, block_ids, rng,
+                                     NULL_DOCUMENT_ID)
 
   def blocks_of(self, ids):
     """[B, k] block ids (NULL_DOCUMENT_ID for none) -> their token arrays."""

@@ -151,6 +151,11 @@ class Pretrain(RunKind):
       read their own block (the trivial candidate REALM excludes, section
       3.4) instead of the null document: a reader warm start that learns to
       copy a span from the text it reads as well as to predict without it.
+    source_block: which block those queries read: 'own', or 'sibling'
+      (another block of the query's article, at random; the null document
+      where the article is one block): what REALM may retrieve, since it
+      excludes the own block alone, so the reader learns to copy a span
+      where the article's other text holds it, and to leave it where not.
     null_score_offset: None scores the null document as the paper does, by
       the document tower's embedding of an empty block; its f(x, null) then
       sits tens of nats below the retrieved blocks (docs/levers.md). A
@@ -174,9 +179,12 @@ class Pretrain(RunKind):
                ict_model_dir: str | None = None,
                reader_model_dir: str | None = None,
                bert_dir: str | None = None, microbatches: int = 1,
-               source_block_rate: float = 0.0,
+               source_block_rate: float = 0.0, source_block: str = 'own',
                null_score_offset: float | None = None,
                train_retriever: bool = True):
+    if source_block not in ('own', 'sibling'):
+      raise errors.BadConfig(f'Pretrain.source_block={source_block!r}; '
+                             "expected 'own' or 'sibling'.")
     if source_block_rate and num_candidates != 1:
       raise errors.BadConfig(f'Pretrain.source_block_rate={source_block_rate} '
                              'needs Pretrain.num_candidates = 1 (a reader warm '
@@ -195,7 +203,7 @@ class Pretrain(RunKind):
             block_length, marginalize, null_score_offset, microbatches,
             train_retriever, *retriever_signal()))
     self.null_document, self.exclude_source = null_document, exclude_source
-    self.source_block_rate = source_block_rate
+    self.source_block_rate, self.source_block = source_block_rate, source_block
     self.ict_model_dir, self.reader_model_dir = ict_model_dir, reader_model_dir
     self.bert_dir = bert_dir
 
@@ -220,7 +228,8 @@ class Pretrain(RunKind):
   def input_preparer(self, model_dir, mesh):
     return step_inputs.MaskedLmInputs(
         model_dir, mesh, self.objective, self.task, self.corpus_name,
-        self.null_document, self.exclude_source, self.source_block_rate)
+        self.null_document, self.exclude_source, self.source_block_rate,
+        self.source_block)
 
 
 @gin.configurable

@@ -184,10 +184,11 @@ class MaskedLmInputs(_RetrievingInputs):
 
   def __init__(self, model_dir: str, mesh, objective: MarginalMaskedLm,
                task: str, corpus_name: str, null_document: bool,
-               exclude_source: bool, source_block_rate: float = 0.0):
+               exclude_source: bool, source_block_rate: float = 0.0,
+               source_block: str = 'own'):
     super().__init__(model_dir, mesh, objective, task, corpus_name,
                      null_document, exclude_source, refreshed=True)
-    self.source_block_rate = source_block_rate
+    self.source_block_rate, self.source_block = source_block_rate, source_block
     self.null_document, self.exclude_source = null_document, exclude_source
     self.keep_candidate_ids = False
     self.index_embeddings = objective.reads_index_embeddings
@@ -206,8 +207,11 @@ class MaskedLmInputs(_RetrievingInputs):
                        'masking made longer queries.')
     if self.source_block_rate:
       # Seeded by the step: a resumed run reads what it would have read.
-      source = np.random.default_rng(step).random(len(examples['block_id']))
-      ids = np.where(source < self.source_block_rate, examples['block_id'],
+      rng = np.random.default_rng(step)
+      source = rng.random(len(examples['block_id']))
+      read = (self.retrieval.siblings(examples['block_id'], rng)
+              if self.source_block == 'sibling' else examples['block_id'])
+      ids = np.where(source < self.source_block_rate, read,
                      NULL_DOCUMENT_ID)[:, None]
       retrieved = lambda: (self.retrieval.blocks_of(ids),
                            np.ones(ids.shape, bool), ids)

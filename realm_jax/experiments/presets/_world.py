@@ -68,10 +68,13 @@ def realm(name: str, sizes: Sizes, stale_factor: int | None = 1,
       'builder': builder})
 
 
-def preset(spec: world.WorldSpec, sizes: Sizes) -> Preset:
+def preset(spec: world.WorldSpec, sizes: Sizes,
+           signal: str = 'marginal') -> Preset:
   """The world's stages at `sizes`: REALM, the trained baseline, the frozen
   towers' control and the start, each scored on the held-out queries
-  (with the ablations: the 30x stale index, and the edit check)."""
+  (with the ablations: the 30x stale index, and the edit check). `signal`
+  trains the retriever of every run (`run_kinds.retriever_signal`; the
+  runs that read the null document alone do not use it)."""
   along = sizes.pretrain_steps // ALONG
   if not along or along * ALONG != sizes.pretrain_steps or (
       along % sizes.refresh_interval):
@@ -80,10 +83,13 @@ def preset(spec: world.WorldSpec, sizes: Sizes) -> Preset:
                      f'refresh_interval={sizes.refresh_interval}: REALM is '
                      'scored at each quarter of its training.')
   kept, kept_runs = {'train.keep_every': along}, ('realm', 'stale')
+  if signal != 'marginal':
+    kept['retriever_signal.name'] = signal
+  trains = {k: v for k, v in kept.items() if k != 'train.keep_every'}
   runs = {'realm': realm('realm', sizes, **kept),
           'baseline': realm('baseline', sizes, None,
                             **{'Pretrain.num_candidates': 1}),
-          'frozen': realm('frozen', sizes, None,
+          'frozen': realm('frozen', sizes, None, **trains,
                           **{'Pretrain.train_retriever': False}),
           # Scored as the others are, on the same queries: where they began.
           'start': realm('start', sizes, None, **{

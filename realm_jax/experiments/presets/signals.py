@@ -1,14 +1,16 @@
 """`demo --preset=signals`: the demo's REALM beside the same run with the
-retriever trained by each of its successors' signals (EMDR2, Atlas's
-perplexity distillation: `run_kinds.retriever_signal`), all from the one
-ICT retriever and warm reader, for the same steps, against the one trained
-baseline; each scored as the demo scores REALM. A work_dir that `make demo`
+retriever trained by perplexity distillation (Atlas;
+`run_kinds.retriever_signal`), both from the one ICT retriever and warm
+reader, for the same steps, against the one trained baseline; each scored
+as the demo scores REALM. EMDR2's signal has no run of its own: with this
+reader, which reads each block apart, its pre-training gradient is the
+marginal's (`losses._mlm_successor_terms`). A work_dir that `make demo`
 filled is reused: its corpus, warm starts, REALM and baseline stay."""
 
 from realm_jax.experiments.preset import Preset
 from realm_jax.experiments.presets import _wiki, demo
 
-SUCCESSORS = ('emdr2', 'pdist')
+SUCCESSORS = ('pdist',)
 RUNS = {'realm': {},
         **{name: {'retriever_signal.name': name} for name in SUCCESSORS},
         'baseline': {'Pretrain.num_candidates': 1}}

@@ -1,0 +1,37 @@
+"""`demo --preset=sibling_reader`: the demo with a reader warm start that
+reads, for every query, another block of the query's own article (the
+blocks REALM may retrieve, as it excludes the query's own block alone),
+masked as REALM masks (salient spans) and at REALM's reader length, for
+three times the demo's steps; REALM, its successors' signals and the
+trained baseline then start from that reader. A lever (docs/levers.md):
+the reader learns to copy a span where its article's other text holds it.
+A work_dir that `make demo` filled is reused for the corpus and ICT."""
+
+import dataclasses
+
+from realm_jax.experiments.preset import Preset
+from realm_jax.experiments.presets import _wiki, demo, signals
+
+READER_STEPS = 3 * demo.READER_STEPS
+
+
+def _reader():
+  stage = _wiki.reader(READER_STEPS, demo.BATCH)
+  bindings = {**stage.args['bindings'], 'Pretrain.source_block_rate': 1.0,
+              'Pretrain.source_block': 'sibling', 'Pretrain.masking':
+                  'salient', 'build_realm.reader_length': 112}
+  return dataclasses.replace(stage, args={**stage.args,
+                                          'bindings': bindings})
+
+
+corpus, machine, ict, recall_ict, _ = _wiki.warm_starts(
+    demo.BLOCK_LENGTH, demo.ICT_STEPS, demo.READER_STEPS, demo.BATCH)
+PRESET = Preset(
+    family='demo', setup=demo.PRESET.setup, run_gin=demo.PRESET.run_gin,
+    sizes={**demo.PRESET.sizes, 'reader_steps': READER_STEPS},
+    stages=(corpus, machine, ict, recall_ict, _reader(),
+            *_wiki.pretraining(signals.RUNS, demo.PRETRAIN_STEPS,
+                               demo.PRETRAIN_BATCH, demo.REFRESH_INTERVAL),
+            *(_wiki.recall(f'recall_{name}', name)
+              for name in signals.TRAINED)),
+    comparisons=signals.PRESET.comparisons)
