@@ -226,6 +226,13 @@ FIGURES: dict[str, Callable[[str], str]] = {
     'gpu.accuracy': lambda d: _comparison(
         'gpu', 'masked_lm/realm_vs_baseline/masked_token_accuracy',
         results_dir=d),
+    **{f'signals.{name}': functools.partial(
+        lambda path, d: _comparison('signals', path, results_dir=d), path)
+       for name, path in (
+           ('realm_recall', 'recall/realm_vs_ict/recall@5_answer_in_corpus'),
+           ('pdist_recall', 'recall/pdist_vs_ict/recall@5_answer_in_corpus'),
+           ('pdist_accuracy',
+            'masked_lm/pdist_vs_realm/masked_token_accuracy'))},
 }
 
 
