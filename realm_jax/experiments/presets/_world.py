@@ -82,10 +82,10 @@ def preset(spec: world.WorldSpec, sizes: Sizes,
                      f'positive multiple of {ALONG} x the checkpoints\' '
                      f'refresh_interval={sizes.refresh_interval}: REALM is '
                      'scored at each quarter of its training.')
-  kept, kept_runs = {'train.keep_every': along}, ('realm', 'stale')
-  if signal != 'marginal':
-    kept['retriever_signal.name'] = signal
-  trains = {k: v for k, v in kept.items() if k != 'train.keep_every'}
+  trains = ({} if signal == 'marginal' else
+            {'retriever_signal.name': signal})
+  kept, kept_runs = ({'train.keep_every': along, **trains},
+                     ('realm', 'stale'))
   runs = {'realm': realm('realm', sizes, **kept),
           'baseline': realm('baseline', sizes, None,
                             **{'Pretrain.num_candidates': 1}),
