@@ -73,13 +73,24 @@ def device_bandwidth() -> tuple[float, str]:
   return measured_read(), f'measured: a 256 MB float32 sum on {kind}'
 
 
-def torch_matmul(dtype: str, size: int = 2048, calls: int = 5) -> dict:
+def torch_matmul(dtype: str, size: int = 2048, calls: int = 5,
+                 slow_s: float = 2.0) -> dict:
   """PyTorch's CPU GEMM (oneDNN/MKL), when installed: it beats XLA's on
-  some CPUs, and the peak is the best any library reaches."""
+  some CPUs, and the peak is the best any library reaches. Where a probe
+  at a quarter of `size` (its second call) projects a call over `slow_s`
+  (bfloat16 without hardware support: about a minute at 2048 on an AMD
+  EPYC), the probe's rate is given: that library cannot be the best."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
     return {}
+  probe = torch.ones(size // 4, size // 4, dtype=getattr(torch, dtype))
+  torch.mm(probe, probe)  # The library's start-up is not its rate.
+  start = time.perf_counter()
+  torch.mm(probe, probe)
+  probe_s = time.perf_counter() - start
+  if probe_s * 64 > slow_s:
+    return {'PyTorch': 2 * (size // 4) ** 3 / probe_s}
   x = torch.ones(size, size, dtype=getattr(torch, dtype))
   torch.mm(x, x)
   times = []
