@@ -96,6 +96,30 @@ def test_eval_refuses_an_output_it_cannot_write_before_the_model_loads(
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize('argv, flag', [
+    (['export', '--model_dir={tmp}/run'], '--output'),
+    (['embed', '--model_dir={tmp}/run'], '--output_dir'),
+    (['import', '--export={tmp}/export'], '--model_dir'),
+    (['data', 'build-corpus', '--jsonl={tmp}/leads.jsonl'], '--output_dir'),
+    (['data', 'export', '--gin_file=gin/runs/pretrain.gin'], '--output_dir'),
+    (['demo'], '--work_dir'),
+], ids=lambda v: ' '.join(v[:2]) if isinstance(v, list) else None)
+@pytest.mark.parametrize('where, problem', [
+    ('{tmp}/file/out', '{tmp}/file is a file'),
+    ('{tmp}/file', 'it is a file'),
+])
+def test_an_output_directory_that_cannot_be_made_is_refused_first(
+    argv, flag, where, problem, tmp_path, capsys):
+  """The run, export and leads named are not there: only a check made
+  before they are read can answer."""
+  (tmp_path / 'file').write_text('a file\n')
+  where = where.format(tmp=tmp_path)
+  _refused([a.format(tmp=tmp_path) for a in argv] + [f'{flag}={where}'],
+           capsys, f'Cannot write {flag} {where}: '
+           f'{problem.format(tmp=tmp_path)}.')
+
+
+@pytest.mark.unit
 @pytest.mark.usefixtures('aot_environment')
 def test_aot_refuses_an_output_it_cannot_write_before_compiling(tmp_path,
                                                                 capsys):

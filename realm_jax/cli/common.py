@@ -167,6 +167,27 @@ def check_output(path: str, flag: str) -> None:
                         'Give a file in a directory that exists.')
 
 
+def check_output_dir(path: str, flag: str) -> None:
+  """Refuses (BadInput) an output directory that cannot be made or written,
+  before the model loads: one that is a file, or whose nearest existing
+  ancestor is a file or not writable."""
+  target = os.path.abspath(path)
+  if os.path.exists(target) and not os.path.isdir(target):
+    raise errors.BadInput(f'Cannot write {flag} {path}: it is a file.',
+                          'Give a directory.')
+  existing = target
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    problem = f'{existing} is a file'
+  elif not os.access(existing, os.W_OK | os.X_OK):
+    problem = f'{existing} is not writable'
+  else:
+    return
+  raise errors.BadInput(f'Cannot write {flag} {path}: {problem}.',
+                        'Give a directory that can be made there.')
+
+
 def corpus_dir(args) -> str:
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
   return args.corpus_dir or corpus.corpus_dir('wiki_leads')

@@ -77,6 +77,8 @@ def _tokenizer(vocab):
 def run(args) -> None:
   from realm_jax import default_files  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  if getattr(args, 'output_dir', None):
+    common.check_output_dir(args.output_dir, '--output_dir')
   if args.step == 'build-corpus':
     corpus.build_corpus(
         args.output_dir or corpus.corpus_dir('wiki_leads'),

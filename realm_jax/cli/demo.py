@@ -72,6 +72,7 @@ def run(args) -> None:
         f'give one of {families}.')
   work_dir = args.work_dir or os.path.join(
       'runs', os.path.basename(args.preset).removesuffix('.py'))
+  common.check_output_dir(work_dir, '--work_dir')
   docs_dir = os.fspath(runner.DOCS_RESULTS) if args.record else None
   if family == 'world':
     if args.repeats > 1:

@@ -41,6 +41,8 @@ def run(args) -> None:
   from realm_jax.models.realm import model_retriever  # pylint: disable=g-import-not-at-top
   from realm_jax.models.retriever import init_retriever_params  # pylint: disable=g-import-not-at-top
   from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
+  if args.output_dir:
+    common.check_output_dir(args.output_dir, '--output_dir')
   if args.model_dir:
     # The run's own towers: a model the defaults do not describe would fail
     # to restore, or restore and embed as another model would.

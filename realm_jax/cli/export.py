@@ -1,5 +1,7 @@
 """`realm-jax export`: a run in the formats the field's tools load."""
 
+from realm_jax.cli import common
+
 COMMAND = 'export'
 
 
@@ -22,6 +24,7 @@ def add_parser(command, flags) -> None:
 
 def run(args) -> None:
   from realm_jax.export import writer  # pylint: disable=g-import-not-at-top
+  common.check_output_dir(args.output, '--output')
   manifest = writer.export(args.model_dir, args.output)
   run_ = manifest['run']
   print(f'exported the {run_["kind"]} run at step {run_["step"]} (index step '

@@ -2,6 +2,7 @@
 run directory."""
 
 from realm_jax import errors
+from realm_jax.cli import common
 
 COMMAND = 'import'
 
@@ -51,6 +52,7 @@ _RELEASED_ONLY = ('source', 'blocks', 'titles', 'block_emb', 'corpus_name',
 
 
 def run(args) -> None:
+  common.check_output_dir(args.model_dir, '--model_dir')
   if args.export:
     ignored = [f'--{name}' for name in _RELEASED_ONLY if getattr(args, name)]
     if ignored:
