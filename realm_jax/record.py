@@ -84,6 +84,11 @@ def world_table(results_dir: str = RESULTS) -> str:
   return '\n'.join(lines)
 
 
+def _world_figure(results_dir: str, name: str) -> float:
+  """One of the world record's figures, the mean over its runs."""
+  return load('world', results_dir)['repeats']['figures'][name]['mean']
+
+
 def world_comparisons(results_dir: str = RESULTS) -> str:
   """Every comparison of the world preset, each run's interval beside
   the mean and range."""
@@ -226,6 +231,19 @@ FIGURES: dict[str, Callable[[str], str]] = {
     'gpu.accuracy': lambda d: _comparison(
         'gpu', 'masked_lm/realm_vs_baseline/masked_token_accuracy',
         results_dir=d),
+    'gpu.recall': lambda d: _comparison(
+        'gpu', 'recall/realm_vs_ict/recall@5_answer_in_corpus',
+        results_dir=d),
+    'demo.accuracy': lambda d: _comparison(
+        'demo', 'masked_lm/realm_vs_baseline/masked_token_accuracy',
+        results_dir=d),
+    'demo.recall': lambda d: _comparison(
+        'demo', 'recall/realm_vs_ict/recall@5_answer_in_corpus',
+        results_dir=d),
+    'world.recall': lambda d: (
+        f'{_world_figure(d, "held-out recall@1 of REALM (%)"):.1f}%'),
+    'world.minutes': lambda d: (
+        f'{_world_figure(d, "whole preset (minutes)"):.1f} minutes'),
     **{f'signals.{name}': functools.partial(
         lambda path, d: _comparison('signals', path, results_dir=d), path)
        for name, path in (
