@@ -228,28 +228,23 @@ FIGURES: dict[str, Callable[[str], str]] = {
     'demo.table': demo_table,
     'gpu.table': lambda d: demo_table(d, 'gpu'),
     'gpu.stages': functools.partial(stage_times, 'gpu'),
-    'gpu.accuracy': lambda d: _comparison(
-        'gpu', 'masked_lm/realm_vs_baseline/masked_token_accuracy',
-        results_dir=d),
-    'gpu.recall': lambda d: _comparison(
-        'gpu', 'recall/realm_vs_ict/recall@5_answer_in_corpus',
-        results_dir=d),
-    'demo.accuracy': lambda d: _comparison(
-        'demo', 'masked_lm/realm_vs_baseline/masked_token_accuracy',
-        results_dir=d),
-    'demo.recall': lambda d: _comparison(
-        'demo', 'recall/realm_vs_ict/recall@5_answer_in_corpus',
-        results_dir=d),
     'world.recall': lambda d: (
         f'{_world_figure(d, "held-out recall@1 of REALM (%)"):.1f}%'),
-    'world.minutes': lambda d: (
-        f'{_world_figure(d, "whole preset (minutes)"):.1f} minutes'),
-    **{f'signals.{name}': functools.partial(
-        lambda path, d: _comparison('signals', path, results_dir=d), path)
-       for name, path in (
-           ('realm_recall', 'recall/realm_vs_ict/recall@5_answer_in_corpus'),
-           ('pdist_recall', 'recall/pdist_vs_ict/recall@5_answer_in_corpus'),
-           ('pdist_accuracy',
+    # One paired interval of a record: REALM's two core checks of each
+    # preset that makes them, and the successors' signals beside REALM.
+    **{f'{preset}.{name}': functools.partial(
+        lambda preset, path, d: _comparison(preset, path, results_dir=d),
+        preset, path)
+       for preset, name, path in (
+           *((p, n, c) for p in ('demo', 'gpu') for n, c in (
+               ('accuracy',
+                'masked_lm/realm_vs_baseline/masked_token_accuracy'),
+               ('recall', 'recall/realm_vs_ict/recall@5_answer_in_corpus'))),
+           ('signals', 'realm_recall',
+            'recall/realm_vs_ict/recall@5_answer_in_corpus'),
+           ('signals', 'pdist_recall',
+            'recall/pdist_vs_ict/recall@5_answer_in_corpus'),
+           ('signals', 'pdist_accuracy',
             'masked_lm/pdist_vs_realm/masked_token_accuracy'))},
 }
 
