@@ -320,6 +320,39 @@ def test_refresh_refuses_a_file_and_says_what_it_waits_for(
 
 
 @pytest.mark.integration
+def test_each_builder_setting_takes_its_gin_binding_or_its_flag_not_both(
+    small_corpus, tmp_path, capsys, monkeypatch):
+  """A binding of run_refresh's searcher, poll_seconds or batch_size
+  reaches the builder (a bad one is refused by it, the poll waits as
+  long as bound); a flag beside a binding of the same setting is refused."""
+  argv = ['refresh', f'--model_dir={tmp_path}/run',
+          f'--corpus_dir={small_corpus}/wiki_leads']
+  gin_ = lambda binding: f'--gin_bindings=run_refresh.{binding}'
+  _refused([*argv, gin_("searcher = 'faiss'")], capsys,
+           "searcher='faiss'; expected one of")
+  _refused([*argv, gin_('batch_size = 0')], capsys, 'batch_size=0 must be')
+  _refused([*argv, '--batch_size=8', gin_('batch_size = 16')], capsys,
+           '--batch_size=8 and the gin binding run_refresh.batch_size = 16 '
+           "both set the builder's batch_size; give one.")
+
+  class Waited(Exception):
+    pass
+
+  waits = []
+
+  def sleep(seconds):
+    waits.append(seconds)  # gin's re-raise keeps the message, not args.
+    raise Waited
+
+  monkeypatch.setattr(refresh.time, 'sleep', sleep)
+  for args in ([gin_('poll_seconds = 0.25')], ['--poll_seconds=0.5']):
+    gin.clear_config()
+    with pytest.raises(Waited):
+      main.main([*argv, *args])
+  assert waits == [0.25, 0.5]
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_embed_refuses_an_index_step_that_is_there_before_embedding(
     small_corpus_env, tmp_path, capsys, monkeypatch):

@@ -1,9 +1,13 @@
 """`realm-jax refresh`: the index builder."""
 
+import gin
+
 from realm_jax import errors
 from realm_jax.cli import common
 
 COMMAND = 'refresh'
+# The builder's settings that are flags as well as gin parameters.
+_SETTINGS = ('searcher', 'poll_seconds', 'batch_size')
 
 
 def add_parser(command, flags) -> None:
@@ -13,11 +17,14 @@ def add_parser(command, flags) -> None:
       'trainer checkpoint until training is done.')
   refresh.add_argument('--model_dir', required=True)
   refresh.add_argument('--corpus_dir', default=None)
+  # Each also a gin setting of run_refresh (default there): a flag or a
+  # binding, never both.
   refresh.add_argument('--searcher', choices=('exact', 'scann'),
-                       default='exact')
+                       default=None, help='default: exact')
   refresh.add_argument('--poll_seconds', type=common.positive(float),
-                       default=2.0)
-  refresh.add_argument('--batch_size', type=common.positive(int), default=64)
+                       default=None, help='default: 2')
+  refresh.add_argument('--batch_size', type=common.positive(int),
+                       default=None, help='default: 64')
   common.add_gin(refresh, 'gin/models/minilm_l6.gin')
 
 
@@ -28,5 +35,14 @@ def run(args) -> None:
     raise errors.BadConfig(f'--model_dir {args.model_dir} is a file.',
                            'Give the run directory that the trainer writes.')
   common.parse_gin(args)
-  refresh.run_refresh(args.model_dir, common.corpus_dir(args), args.searcher,
-                      args.poll_seconds, args.batch_size)
+  flags = {name: getattr(args, name) for name in _SETTINGS
+           if getattr(args, name) is not None}
+  for name in flags:
+    try:
+      bound = gin.query_parameter(f'run_refresh.{name}')
+    except ValueError:  # Not bound.
+      continue
+    raise errors.BadConfig(
+        f'--{name}={flags[name]} and the gin binding run_refresh.{name} = '
+        f'{bound!r} both set the builder\'s {name}; give one.')
+  refresh.run_refresh(args.model_dir, common.corpus_dir(args), **flags)

@@ -139,6 +139,10 @@ def run_refresh(model_dir: str, corpus_dir: str, searcher: str = 'exact',
     raise errors.BadConfig(
         f'refresh_interval_steps={refresh_interval_steps} and '
         f'stale_factor={stale_factor} must be at least 1.')
+  if poll_seconds <= 0:
+    raise errors.BadConfig(f'poll_seconds={poll_seconds} must be above 0.')
+  if batch_size < 1:
+    raise errors.BadConfig(f'batch_size={batch_size} must be at least 1.')
   if searcher not in publication.SEARCHERS:
     raise errors.BadConfig(f'searcher={searcher!r}; expected one of '
                            f'{publication.SEARCHERS}.')
