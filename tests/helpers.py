@@ -126,11 +126,13 @@ def build_leads_corpus(root, tokenizer, num_leads: int,
   return str(root)
 
 
-def flip_a_bit(path, seed: int = 0) -> int:
-  """Flips one bit of the file at `path`, as a bad disk or memory would;
-  returns its position (byte * 8 + bit)."""
+def flip_a_bit(path, seed: int = 0, byte: int | None = None) -> int:
+  """Flips one bit of the file at `path` (of its `byte` if given), as a bad
+  disk or memory would; returns its position (byte * 8 + bit)."""
   size = os.path.getsize(path)
   position = np.random.default_rng(seed).integers(size * 8)
+  if byte is not None:
+    position = byte * 8 + position % 8
   with open(path, 'r+b') as f:
     f.seek(position // 8)
     byte = f.read(1)[0]

@@ -105,10 +105,13 @@ def test_later_readers_map_the_store_and_a_changed_corpus_gets_a_new_one(
 
 
 def _spoil(path, damage: str) -> None:
+  """Garbage, or one bit of the array's first element flipped: past the
+  .npy header, in bytes the test reads, so that only the checksum can
+  tell (unguarded, the flipped value would be read as it is)."""
   if damage == 'garbage':
     path.write_bytes(b'garbage')
-  else:  # Unguarded, a flipped token id would be read as it is.
-    flip_a_bit(path, seed=1)
+  else:
+    flip_a_bit(path, seed=1, byte=np.load(path, mmap_mode='r').offset)
 
 
 @pytest.mark.parametrize('damage', ['garbage', 'a bit flipped'])
@@ -117,9 +120,12 @@ def test_a_damaged_store_is_read_again_from_the_shards(zebra_corpus,
   block_store.open_store(zebra_corpus)
   store_dir = next(p for p in tmp_path.joinpath('wiki_leads').iterdir()
                    if p.name.startswith(block_store.PREFIX))
+  first_block = np.array(block_store.open_store(
+      zebra_corpus).arrays['token_ids'][0])
   _spoil(store_dir / 'token_ids.npy', damage)
   store = block_store.open_store(zebra_corpus)
   assert store.title(0) == ARTICLES[0]['title']
+  np.testing.assert_array_equal(store.arrays['token_ids'][0], first_block)
   assert isinstance(block_store.open_store(zebra_corpus).arrays['titles'],
                     np.memmap)  # Written afresh.
 
