@@ -228,6 +228,7 @@ FIGURES: dict[str, Callable[[str], str]] = {
     'demo.table': demo_table,
     'gpu.table': lambda d: demo_table(d, 'gpu'),
     'gpu.stages': functools.partial(stage_times, 'gpu'),
+    'demo.blocks': lambda d: f'{load("demo", d)["corpus"]["num_blocks"]:,}',
     'world.recall': lambda d: (
         f'{_world_figure(d, "held-out recall@1 of REALM (%)"):.1f}%'),
     # One paired interval of a record: REALM's two core checks of each
@@ -271,28 +272,42 @@ def stale(text: str, results_dir: str = RESULTS) -> list[str]:
           if m.group(2) != made[m.group(1)]]
 
 
-# A measured figure in prose: a decimal, a percentage, a ratio, or a number
-# with a unit of time, size, rate or loss.
+# A measured figure in prose: a decimal, a percentage, a ratio, a number
+# with a unit of time, size, rate or loss (the unit may follow on the next
+# line), or a count with thousands separators ('25,040 blocks').
 _NUMBER = r'(?<![\w.])(?<![A-Za-z]-)'  # Not inside a word, nor 'Apache-2.0'.
 _FIGURE = re.compile(
-    _NUMBER + r'\d[\d,]*(\.\d+)?\s?(%|×|x\b|min\b|minutes\b|s\b|ms\b|'
-    r'seconds\b|hours?\b|GiB\b|MiB\b|GB\b|MB\b|[GT]FLOP/s|points\b|'
-    r'nats?\b)|' + _NUMBER + r'\d+\.\d+(?![\w.])')
-# Settings, not measurements: a 95% interval, a 30x stale index.
+    _NUMBER + r'\d[\d,]*(\.\d+)?(?:[ \t]?|\n[ \t]*)(%|×|x\b|min\b|'
+    r'minutes\b|s\b|ms\b|seconds\b|hours?\b|GiB\b|MiB\b|GB\b|MB\b|'
+    r'[GT]FLOP/s|points\b|nats?\b)|' + _NUMBER + r'\d+\.\d+(?![\w.])|'
+    + _NUMBER + r'\d{1,3}(?:,\d{3})+(?![\d.])')
+# Settings, not measurements: a 95% interval, a 30x stale index, a goal
+# ('at most 10 minutes').
 _SETTING = re.compile(r'\s(interval|stale)')
-# What is quoted as it is, not measured: code, links' targets, comments.
-_QUOTED = re.compile(r'```.*?```|`[^`]+`|\]\([^)]*\)|<!--.*?-->', re.S)
+_GOAL = re.compile(r'(at most|within|under)\s+$')
+# A fenced block is quoted as it is when it is code (its fence names a
+# language) or an example's output marked as such just above it; any other
+# (a run's output, shown bare) holds figures like prose.
+_FENCE = re.compile(r'(<!-- example output[^\n]*-->\n)?```(\w*)\n.*?```', re.S)
+_QUOTED = re.compile(r'`[^`]+`|\]\([^)]*\)|<!--.*?-->', re.S)
 
 
 def untraced(text: str) -> list[str]:
   """The measured figures in `text` outside any marked span (and outside
-  code, links' targets and comments): each line's figures, by line."""
+  code, marked examples' output, links' targets and comments), by line."""
+  blank = lambda m: re.sub(r'[^\n]', ' ', m.group(0))
   text = SPAN.sub(lambda m: ' ' * len(m.group(0)), text)
-  text = _QUOTED.sub(lambda m: re.sub(r'[^\n]', ' ', m.group(0)), text)
-  return [f'line {n}: {m.group(0)!r}'
-          for n, line in enumerate(text.splitlines(), 1)
-          for m in _FIGURE.finditer(line)
-          if not _SETTING.match(line, m.end())]
+  text = _FENCE.sub(lambda m: blank(m) if m.group(1) or m.group(2) else
+                    re.sub(r'```', '   ', m.group(0)), text)
+  text = _QUOTED.sub(blank, text)
+  found = []
+  for m in _FIGURE.finditer(text):
+    before = text[text.rfind('\n', 0, m.start()) + 1:m.start()]
+    if _SETTING.match(text, m.end()) or _GOAL.search(before):
+      continue
+    line = text.count('\n', 0, m.start()) + 1
+    found.append(f'line {line}: {m.group(0)!r}')
+  return found
 
 
 def main(argv=None) -> int:

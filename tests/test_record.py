@@ -60,9 +60,14 @@ def test_figures_outside_the_record_are_found_but_not_code_or_settings():
       'It took 10 min 20 s and reached 49.9% on 172 GFLOP/s.',
       'A 95% interval, the 30x stale index, batch 16, 2 layers.',
       '`--gin.bert_adamw.learning_rate=2e-3` and [a link](x/1.5.md).',
-      '```', 'p(y|x) = 0.005', '```',
+      '```python', 'p = 0.005', '```',
       'Quoted: <!-- record:gpu.accuracy -->+0.84 [+0.4, +1.3]<!-- /record -->.',
-      'It is 1.7x slower.'])
+      'It is 1.7x slower, over 10,054 blocks, in 23.5',
+      'minutes, meant to take at most 20 minutes.',
+      '```', 'p(y|x) 0.990', '```',
+      '<!-- example output: the record of seed 0 -->',
+      '```', 'p(y|x) 0.990', '```'])
   assert record.untraced(text) == [
       "line 1: '10 min'", "line 1: '20 s'", "line 1: '49.9%'",
-      "line 1: '172 GFLOP/s'", "line 8: '1.7x'"]
+      "line 1: '172 GFLOP/s'", "line 8: '1.7x'", "line 8: '10,054'",
+      "line 8: '23.5\\nminutes'", "line 11: '0.990'"]
