@@ -339,3 +339,33 @@ def test_the_arrays_source_opens_a_corpus_once_for_every_read(
   assert position['spans_fingerprint'] and count > 0
   assert len(batch['block_id']) == 4
   assert len(opened) == 1, opened
+
+
+@pytest.mark.unit
+def test_spans_held_finds_the_masked_span_verbatim_in_each_block():
+  blocks = np.array([[[0, 0, 0, 0], [5, 7, 8, 9]],     # 7 8 in block 1
+                     [[0, 0, 0, 0], [7, 5, 8, 0]],     # 7 and 8, apart
+                     [[0, 0, 0, 0], [1, 2, 3, 4]]])
+  targets = np.array([[7, 8, 0], [7, 8, 0], [0, 0, 0]])
+  mask = targets != 0
+  np.testing.assert_array_equal(
+      masked_queries.spans_held(blocks, targets, mask),
+      [[False, True], [False, False], [False, False]])
+
+
+@pytest.mark.unit
+def test_a_holding_block_is_drawn_from_the_article_else_the_own_block():
+  """Blocks 0-2 are one article, 3-4 another, 5 a third. Query 0 (block 0,
+  span 7 8) is held by blocks 1 and 2, drawn alike; query 1 (block 3) by
+  no other block of its article (block 5 holds it, in another); query 2's
+  article is block 5 alone."""
+  articles = np.array([0, 0, 0, 1, 1, 2])
+  table = np.array([[7, 8, 0], [1, 7, 8], [7, 8, 9], [7, 8, 0], [7, 0, 8],
+                    [7, 8, 1], [0, 0, 0]])  # The last row: no block.
+  tokens_of = lambda ids: table[np.where(ids < 0, -1, ids)]
+  targets = np.array([[7, 8], [7, 8], [7, 8]])
+  drawn = np.array([masked_queries.draw_holders(
+      articles, tokens_of, [0, 3, 5], targets, targets != 0,
+      np.random.default_rng(seed), none=-1) for seed in range(200)])
+  assert set(drawn[:, 0]) == {1, 2} and 60 < np.sum(drawn[:, 0] == 1) < 140
+  assert np.all(drawn[:, 1] == 3) and np.all(drawn[:, 2] == 5)

@@ -164,14 +164,3 @@ def test_a_kept_step_older_than_the_newest_index_is_scored_with_its_own(
                              max_queries=8, step=0)
   assert (first['step'], first['index_step']) == (0, 0)
   assert {'0', '2', '3', '4'} <= set(os.listdir(index))
-
-
-@pytest.mark.unit
-def test_span_retrieved_finds_the_masked_span_verbatim_in_a_candidate():
-  blocks = np.array([[[0, 0, 0, 0], [5, 7, 8, 9]],     # 7 8 in candidate 1
-                     [[0, 0, 0, 0], [7, 5, 8, 0]],     # 7 and 8, apart
-                     [[0, 0, 0, 0], [1, 2, 3, 4]]])
-  targets = np.array([[7, 8, 0], [7, 8, 0], [0, 0, 0]])
-  mask = targets != 0
-  np.testing.assert_array_equal(
-      masked_lm.span_retrieved(blocks, targets, mask), [True, False, False])

@@ -174,6 +174,28 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
     run_kinds.Pretrain(num_candidates=4, source_block_rate=0.5)
 
 
+def test_a_warm_start_on_holding_blocks_reads_the_blocks_drawn(tmp_path):
+  """source_block='holding': the step reads, for each query, the block
+  its seeded draw of holders (`masked_queries.draw_holders`) gives."""
+  bind_tiny()
+  run = run_kinds.Pretrain(num_candidates=1, query_length=32, bert_dir='',
+                           source_block_rate=1.0, source_block='holding',
+                           masking='salient')
+  trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
+  state = trainer.initial_state()
+  preparer = run.input_preparer(str(tmp_path), trainer.mesh)
+  preparer.start(state.params, 0)
+  examples = next(SeqioSource().batches(run.task, 'train', run.shapes, 16))
+  own, targets = examples['block_id'], np.asarray(examples['mlm_targets'])
+  inputs, _ = preparer.prepare(examples, state.params, 5)
+  rng = np.random.default_rng(5)
+  rng.random(len(own))  # Which queries read a block at all (rate 1: all).
+  drawn = preparer.retrieval.span_holders(own, targets, targets != 0, rng)
+  np.testing.assert_array_equal(
+      inputs['candidates']['token_ids'],
+      preparer.retrieval.blocks_of(drawn[:, None])['token_ids'])
+
+
 def test_a_reader_warm_start_reads_an_own_or_a_sibling_block_only():
   with pytest.raises(ValueError, match="Pretrain.source_block='next'"):
     run_kinds.Pretrain(num_candidates=1, source_block_rate=1.0,

@@ -191,3 +191,44 @@ def batches(draws: Draws, shapes: dict, batch_size: int, seed: int = 0,
       draws.count, batch_size, seed, shuffle, num_epochs, skip_batches,
       process_index, process_count, drop_remainder):
     yield draws.rows(indices, positions, seed, shapes)
+
+
+def spans_held(block_tokens, targets, target_mask) -> np.ndarray:
+  """[B, k] whether each block's wordpieces hold the query's masked span
+  verbatim: the blocks a reader could copy it from.
+
+  Args: block_tokens [B, k, L]; targets, target_mask [B, M].
+  """
+  held = np.zeros(block_tokens.shape[:2], bool)
+  for row, (blocks, target, mask) in enumerate(
+      zip(block_tokens, targets, np.asarray(target_mask, bool))):
+    span = target[mask]
+    if not len(span) or blocks.shape[-1] < len(span):
+      continue
+    windows = np.lib.stride_tricks.sliding_window_view(blocks, len(span),
+                                                       axis=-1)
+    held[row] = np.all(windows == span, axis=-1).any(axis=-1)
+  return held
+
+
+def draw_holders(articles: np.ndarray, tokens_of, block_ids, targets,
+                 target_mask, rng: np.random.Generator, none: int
+                 ) -> np.ndarray:
+  """[B] a block of each query's article, its own block excepted, that
+  holds the query's masked span verbatim, drawn uniformly among those that
+  do; the query's own block (where the span sits unmasked) where none does.
+  A reader warmed on these finds its span in every block it reads.
+  `articles`: each block's article (`BlockStore.articles`); `tokens_of`:
+  [B, k] block ids (`none` for no block) -> [B, k, L] wordpieces."""
+  ids = np.asarray(block_ids)
+  first = np.searchsorted(articles, articles[ids], side='left')
+  last = np.searchsorted(articles, articles[ids], side='right')
+  others = first[:, None] + np.arange(int((last - first).max()))
+  others = np.where((others < last[:, None]) & (others != ids[:, None]),
+                    others, none)
+  held = spans_held(tokens_of(others), targets, target_mask)
+  held &= others != none
+  # Uniform among the holders: the largest of random keys where held.
+  keys = np.where(held, rng.random(held.shape), -1.0)
+  drawn = others[np.arange(len(ids)), keys.argmax(axis=1)]
+  return np.where(held.any(axis=1), drawn, ids)

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from realm_jax.data import corpus, task_names
+from realm_jax.data import corpus, masked_queries, task_names
 from realm_jax.evaluation import bootstrap
 from realm_jax.evaluation.prediction import RestoredRun
 from realm_jax.progress import Progress
@@ -42,25 +42,6 @@ def held_out_queries(source: Source, corpus_name: str, shapes: dict) -> int:
   return sum(int(tf.size(block['span_starts'])) for block in
              tf.data.TFRecordDataset(path).map(
                  salient_spans.parse_annotated_block))
-
-
-def span_retrieved(candidate_tokens, targets, target_mask) -> np.ndarray:
-  """[B] whether some candidate's wordpieces contain the masked span
-  verbatim: the queries whose answer the reader could copy.
-
-  Args: candidate_tokens [B, k, L]; targets, target_mask [B, M].
-  """
-  found = np.zeros(len(targets), bool)
-  for row, (blocks, target, mask) in enumerate(
-      zip(candidate_tokens, targets, target_mask.astype(bool))):
-    span = target[mask]
-    if not len(span):
-      continue
-    windows = np.lib.stride_tricks.sliding_window_view(
-        blocks, len(span), axis=-1) if blocks.shape[-1] >= len(span) else None
-    found[row] = windows is not None and bool(
-        np.any(np.all(windows == span, axis=-1)))
-  return found
 
 
 def _query_key(examples, row) -> str:
@@ -112,8 +93,9 @@ def evaluate(model_dir: str, output_dir: str, name: str = 'masked_lm',
     ids = inputs.pop('candidate_ids')
     terms = jax.device_get(per_example(
         restored.params, partitioning.global_batch(inputs, restored.mesh)))
-    retrieved = span_retrieved(inputs['candidates']['token_ids'],
-                               inputs['mlm_targets'], inputs['mlm_mask'])
+    retrieved = masked_queries.spans_held(
+        inputs['candidates']['token_ids'], inputs['mlm_targets'],
+        inputs['mlm_mask']).any(axis=1)
     for row in range(count):
       rows.append({'key': _query_key(examples, row),
                    'block_id': int(examples['block_id'][row]),

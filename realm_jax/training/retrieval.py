@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import distributed, errors, run_directory
-from realm_jax.data import block_store
+from realm_jax.data import block_store, masked_queries
 from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
@@ -210,6 +210,16 @@ class CandidateRetrieval:
       self._articles = self.store.articles()
     return block_store.draw_siblings(self._articles, block_ids, rng,
                                      NULL_DOCUMENT_ID)
+
+  def span_holders(self, block_ids, targets, target_mask,
+                   rng: np.random.Generator) -> np.ndarray:
+    """[B] `masked_queries.draw_holders` of the queries: a block of each
+    one's article that holds its masked span, else its own."""
+    if self._articles is None:
+      self._articles = self.store.articles()
+    return masked_queries.draw_holders(
+        self._articles, lambda ids: self.blocks_of(ids)['token_ids'],
+        block_ids, targets, target_mask, rng, NULL_DOCUMENT_ID)
 
   def blocks_of(self, ids):
     """[B, k] block ids (NULL_DOCUMENT_ID for none) -> their token arrays."""

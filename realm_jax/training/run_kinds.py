@@ -128,6 +128,10 @@ class Ict(RunKind):
     return step_inputs.InverseClozeInputs()
 
 
+# The blocks a reader's warm start may read (Pretrain.source_block).
+SOURCE_BLOCKS = ('own', 'sibling', 'holding')
+
+
 @gin.configurable
 class Pretrain(RunKind):
   """REALM pre-training: marginal masked-LM through the retrieved candidates.
@@ -155,7 +159,10 @@ class Pretrain(RunKind):
       (another block of the query's article, at random; the null document
       where the article is one block): what REALM may retrieve, since it
       excludes the own block alone, so the reader learns to copy a span
-      where the article's other text holds it, and to leave it where not.
+      where the article's other text holds it, and to leave it where not;
+      or 'holding' (a block of the article that holds the span verbatim,
+      the query's own where no other does), so that copying pays in every
+      example.
     null_score_offset: None scores the null document as the paper does, by
       the document tower's embedding of an empty block; its f(x, null) then
       sits tens of nats below the retrieved blocks (docs/levers.md). A
@@ -182,9 +189,9 @@ class Pretrain(RunKind):
                source_block_rate: float = 0.0, source_block: str = 'own',
                null_score_offset: float | None = None,
                train_retriever: bool = True):
-    if source_block not in ('own', 'sibling'):
+    if source_block not in SOURCE_BLOCKS:
       raise errors.BadConfig(f'Pretrain.source_block={source_block!r}; '
-                             "expected 'own' or 'sibling'.")
+                             f'expected one of {SOURCE_BLOCKS}.')
     if source_block_rate and num_candidates != 1:
       raise errors.BadConfig(f'Pretrain.source_block_rate={source_block_rate} '
                              'needs Pretrain.num_candidates = 1 (a reader warm '

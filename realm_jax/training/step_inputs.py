@@ -209,8 +209,13 @@ class MaskedLmInputs(_RetrievingInputs):
       # Seeded by the step: a resumed run reads what it would have read.
       rng = np.random.default_rng(step)
       source = rng.random(len(examples['block_id']))
-      read = (self.retrieval.siblings(examples['block_id'], rng)
-              if self.source_block == 'sibling' else examples['block_id'])
+      read = {'own': lambda: examples['block_id'],
+              'sibling': lambda: self.retrieval.siblings(
+                  examples['block_id'], rng),
+              'holding': lambda: self.retrieval.span_holders(
+                  examples['block_id'], examples['mlm_targets'],
+                  np.asarray(examples['mlm_targets']) != 0, rng),
+              }[self.source_block]()
       ids = np.where(source < self.source_block_rate, read,
                      NULL_DOCUMENT_ID)[:, None]
       retrieved = lambda: (self.retrieval.blocks_of(ids),

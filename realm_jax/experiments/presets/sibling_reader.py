@@ -15,21 +15,25 @@ from realm_jax.experiments.presets import _wiki, demo, signals
 READER_STEPS = 3 * demo.READER_STEPS
 
 
-def _reader():
+def reader(source_block: str):
+  """The warm start of READER_STEPS in which every query reads the
+  `source_block` (`Pretrain.source_block`) of its article."""
   stage = _wiki.reader(READER_STEPS, demo.BATCH)
   bindings = {**stage.args['bindings'], 'Pretrain.source_block_rate': 1.0,
-              'Pretrain.source_block': 'sibling', 'Pretrain.masking':
+              'Pretrain.source_block': source_block, 'Pretrain.masking':
                   'salient', 'build_realm.reader_length': 112}
   return dataclasses.replace(stage, args={**stage.args,
                                           'bindings': bindings})
 
 
-corpus, machine, ict, recall_ict, _ = _wiki.warm_starts(
-    demo.BLOCK_LENGTH, demo.ICT_STEPS, demo.READER_STEPS, demo.BATCH)
+# The demo's corpus, machine, ICT retriever and its recall.
+STARTS = _wiki.warm_starts(demo.BLOCK_LENGTH, demo.ICT_STEPS,
+                           demo.READER_STEPS, demo.BATCH)[:4]
+SIZES = {**demo.PRESET.sizes, 'reader_steps': READER_STEPS}
 PRESET = Preset(
     family='demo', setup=demo.PRESET.setup, run_gin=demo.PRESET.run_gin,
-    sizes={**demo.PRESET.sizes, 'reader_steps': READER_STEPS},
-    stages=(corpus, machine, ict, recall_ict, _reader(),
+    sizes=SIZES,
+    stages=(*STARTS, reader('sibling'),
             *_wiki.pretraining(signals.RUNS, demo.PRETRAIN_STEPS,
                                demo.PRETRAIN_BATCH, demo.REFRESH_INTERVAL),
             *(_wiki.recall(f'recall_{name}', name)
