@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+import gin
+
 from realm_jax import errors
 
 
@@ -149,6 +151,22 @@ def positive(kind=int):
           f'{text!r}: give a{" whole" if kind is int else ""} number above 0.')
     return value
   return parse
+
+
+def flags_not_bound(configurable: str, flags: dict, whose: str) -> dict:
+  """The `flags` given (None: not given), each a parameter of gin's
+  `configurable` as well, for that call: refuses (BadConfig) one that a
+  gin binding sets too, since gin lets an explicit argument win silently."""
+  given = {name: value for name, value in flags.items() if value is not None}
+  for name, value in given.items():
+    try:
+      bound = gin.query_parameter(f'{configurable}.{name}')
+    except ValueError:  # Not bound.
+      continue
+    raise errors.BadConfig(
+        f'--{name}={value} and the gin binding {configurable}.{name} = '
+        f'{bound!r} both set {whose} {name}; give one.')
+  return given
 
 
 def check_output(path: str, flag: str) -> None:

@@ -1,7 +1,5 @@
 """`realm-jax refresh`: the index builder."""
 
-import gin
-
 from realm_jax import errors
 from realm_jax.cli import common
 
@@ -35,14 +33,7 @@ def run(args) -> None:
     raise errors.BadConfig(f'--model_dir {args.model_dir} is a file.',
                            'Give the run directory that the trainer writes.')
   common.parse_gin(args)
-  flags = {name: getattr(args, name) for name in _SETTINGS
-           if getattr(args, name) is not None}
-  for name in flags:
-    try:
-      bound = gin.query_parameter(f'run_refresh.{name}')
-    except ValueError:  # Not bound.
-      continue
-    raise errors.BadConfig(
-        f'--{name}={flags[name]} and the gin binding run_refresh.{name} = '
-        f'{bound!r} both set the builder\'s {name}; give one.')
+  flags = common.flags_not_bound(
+      'run_refresh', {name: getattr(args, name) for name in _SETTINGS},
+      "the builder's")
   refresh.run_refresh(args.model_dir, common.corpus_dir(args), **flags)
