@@ -38,7 +38,7 @@ $(STAMP): setup.py constraints.txt Makefile
 demo: setup
 	$(BIN)/realm-jax demo
 
-# The miniature Table 2 (84 minutes on 2 cores of an Intel Xeon).
+# The miniature Table 2 (at most 90 minutes on 2 cores; its time: docs/RESULTS.md).
 reproduce: setup
 	$(BIN)/realm-jax demo --preset=reproduce
 

@@ -38,8 +38,9 @@ def add_parser(command, flags) -> None:
   demo.add_argument('--preset', default='demo',
                     help='A preset by name, or a preset file (a .py file that '
                     'defines PRESET, as realm_jax/experiments/presets/ '
-                    'holds them). demo: the two core checks (20 minutes on 2 cores); '
-                    'reproduce: the miniature Table 2 (90 minutes); '
+                    'holds them). demo: the two core checks (meant for at most '
+                    '20 minutes on 2 cores); reproduce: the miniature Table 2 '
+                    '(at most 90; each record\'s time is in docs/RESULTS.md); '
                     'end_to_end: the demo, then NQ fine-tuning with the '
                     'document tower frozen and trained (--work_dir=runs/demo '
                     'reuses the demo\'s stages); gpu: the demo at '

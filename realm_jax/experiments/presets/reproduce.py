@@ -1,7 +1,8 @@
-"""`make reproduce`: the paper's Table 2 rows in miniature (about 90 minutes
-on 2 cores): the demo's checks, the 30x stale index and random-span
-masking (each pre-trained as REALM is), and NQ fine-tuning from REALM and
-from ORQA (the ICT retriever with a BERT reader), scored on NQ,
+"""`make reproduce`: the paper's Table 2 rows in miniature (meant for at
+most 90 minutes on 2 cores; its record's time is in docs/RESULTS.md): the
+demo's checks, the 30x stale index and random-span masking (each
+pre-trained as REALM is), and NQ fine-tuning from REALM and from ORQA
+(the ICT retriever with a BERT reader), scored on NQ,
 WebQuestions and CuratedTREC."""
 
 from realm_jax.experiments.preset import Dir, Preset
