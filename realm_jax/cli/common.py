@@ -188,17 +188,18 @@ def check_output(path: str, flag: str) -> None:
 def check_output_dir(path: str, flag: str) -> None:
   """Refuses (BadInput) an output directory that cannot be made or written,
   before the model loads: one that is a file, or whose nearest existing
-  ancestor is a file or not writable."""
-  target = os.path.abspath(path)
-  if os.path.exists(target) and not os.path.isdir(target):
+  ancestor is a file or (on this machine's disk) not writable."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  target = epath.Path(path)
+  if target.exists() and not target.is_dir():
     raise errors.BadInput(f'Cannot write {flag} {path}: it is a file.',
                           'Give a directory.')
-  existing = target
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
+  existing = target if '://' in path else epath.Path(os.path.abspath(path))
+  while not existing.exists() and existing.parent != existing:
+    existing = existing.parent
+  if not existing.is_dir():
     problem = f'{existing} is a file'
-  elif not os.access(existing, os.W_OK | os.X_OK):
+  elif '://' not in path and not os.access(existing, os.W_OK | os.X_OK):
     problem = f'{existing} is not writable'
   else:
     return
