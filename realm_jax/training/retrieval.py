@@ -11,6 +11,7 @@ docs/training.md measures the share of a step this takes.
 """
 
 
+import functools
 import logging
 
 import jax
@@ -61,7 +62,6 @@ class CandidateRetrieval:
     self.store = opened.store()
     self.blocks = self.store.padded(
         block_length or self.corpus_metadata['max_block_length'])
-    self._articles = None  # Each block's article, once siblings are drawn.
     self.null = {k: np.asarray(v) for k, v in null_document(
         self.blocks['token_ids'].shape[1], cls_id, sep_id).items()}
     # This process's devices only: each process searches its own queries.
@@ -203,22 +203,23 @@ class CandidateRetrieval:
           f'{run_directory.index_dir(self.model_dir)} serves the index of '
           f'step {self.client.params_step}, not the evaluated step {step}.')
 
+  @functools.cached_property
+  def articles(self) -> np.ndarray:
+    """Each block's article, read once a warm start draws from them."""
+    return self.store.articles()
+
   def siblings(self, block_ids, rng: np.random.Generator) -> np.ndarray:
     """[B] another block of each block's article, drawn at random, or
     NULL_DOCUMENT_ID where the article is that block alone."""
-    if self._articles is None:
-      self._articles = self.store.articles()
-    return block_store.draw_siblings(self._articles, block_ids, rng,
+    return block_store.draw_siblings(self.articles, block_ids, rng,
                                      NULL_DOCUMENT_ID)
 
   def span_holders(self, block_ids, targets, target_mask,
                    rng: np.random.Generator) -> np.ndarray:
     """[B] `masked_queries.draw_holders` of the queries: a block of each
     one's article that holds its masked span, else its own."""
-    if self._articles is None:
-      self._articles = self.store.articles()
     return masked_queries.draw_holders(
-        self._articles, lambda ids: self.blocks_of(ids)['token_ids'],
+        self.articles, lambda ids: self.blocks_of(ids)['token_ids'],
         block_ids, targets, target_mask, rng, NULL_DOCUMENT_ID)
 
   def blocks_of(self, ids):
