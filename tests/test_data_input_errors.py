@@ -47,7 +47,8 @@ def test_build_corpus_refuses_to_replace_a_file(tmp_path, articles, capsys):
   code, printed = run_cli(['data', 'build-corpus', f'--output_dir={target}',
                         f'--jsonl={articles}'], capsys)
   assert code == 2, printed
-  assert f'{target} is a file' in printed and 'Traceback' not in printed
+  assert f'--output_dir {target}: it is a file' in printed
+  assert 'Traceback' not in printed
   assert target.read_text() == 'keep me\n'
 
 

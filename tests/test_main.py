@@ -124,7 +124,7 @@ BAD_INVOCATIONS = [
     (['export', '--model_dir={missing}', '--output={tmp}/e'],
      'is not a realm-jax training run'),
     (['export', '--model_dir={pretrain}', '--output={file}'],
-     'exists; export writes a new directory'),
+     'Cannot write --output {file}: it is a file.'),
     (['corpus', 'add', '--model_dir={finetune}'], 'Give --jsonl=FILE'),
     (['corpus', 'sync', '--model_dir={missing}', '--jsonl={file}'],
      'corpus sync reads no --jsonl.'),
