@@ -3,6 +3,7 @@ states what did not run, and its prose the settings the runs saved; on an
 accelerator, the device, the step and its MFU; the runs a preset's bundle
 carries."""
 
+import dataclasses
 import json
 
 import gin
@@ -61,6 +62,36 @@ def test_results_table_states_every_interval_and_what_did_not_run():
   assert 'REALM minus ICT' in text
   # No run saved a config: the settings say they are unknown.
   assert 'the first ? layers' in text and 'steps of batch ?;' in text
+
+
+def test_levers_are_chosen_on_the_selection_splits_and_their_rows_say_so(
+    tmp_path):
+  """`select` comparisons pair each question of NQ's dev topics and of
+  WebQuestions' train questions; the table shows them where they ran."""
+  def write(name, task, hits):
+    directory = tmp_path / 'eval' / f'select_{name}'
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f'{task}_predictions.jsonl').write_text(''.join(
+        json.dumps({'question': f'q{i}', 'answer_in_corpus': i % 2 == 0,
+                    'answer_in_top': {'5': hit}}) + '\n'
+        for i, hit in enumerate(hits)))
+  for task in ('nq_open_train', 'web_questions_train'):
+    write('realm', task, [True, True, True, False])
+    write('ict', task, [False, True, True, False])
+  spec = preset_lib.load('demo_select')
+  assert spec.comparisons[-1] == ('select', ('realm', 'ict'))
+  spec = dataclasses.replace(spec, comparisons=spec.comparisons[-1:])
+  found = demo.finish(spec, str(tmp_path), {}, qa_ran=True)['comparisons']
+  nq = found['select']['realm_vs_ict']['nq_open_train']
+  assert (nq['recall@5']['a'], nq['recall@5']['b']) == (75.0, 50.0)
+  # Questions 0 and 2 have their answer in the corpus.
+  assert nq['recall@5_answer_in_corpus']['difference'] == 50.0
+  text = '\n'.join(demo.comparison_rows({'comparisons': {
+      'select': found['select']}}))
+  assert "| NQ's dev topics recall@5 (%), answer in the corpus" in text
+  assert "| WebQuestions' train questions recall@5 (%)" in text
+  assert '(where levers are chosen) | 100.00 | 50.00 | +50.00' in text
+  assert 'dev topics' not in '\n'.join(demo.comparison_rows({}))
 
 
 def test_a_repeated_preset_records_every_run_and_their_spread(

@@ -369,3 +369,8 @@ def test_a_holding_block_is_drawn_from_the_article_else_the_own_block():
       np.random.default_rng(seed), none=-1) for seed in range(200)])
   assert set(drawn[:, 0]) == {1, 2} and 60 < np.sum(drawn[:, 0] == 1) < 140
   assert np.all(drawn[:, 1] == 3) and np.all(drawn[:, 2] == 5)
+  # With a fallback, the queries that no other block holds read it.
+  fallen = masked_queries.draw_holders(
+      articles, tokens_of, [0, 3, 5], targets, targets != 0,
+      np.random.default_rng(0), none=-1, fallback=np.array([9, 4, -1]))
+  assert fallen[0] in (1, 2) and list(fallen[1:]) == [4, -1]

@@ -77,6 +77,15 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
                                   batch_size) == scored
     assert qa_evaluation.read_predictions(f'{out}/file', task) == (
         qa_evaluation.read_predictions(out, task))
+  # A benchmark's train split (NQ's dev topics, where levers are chosen)
+  # read from the data directory: here the test questions again.
+  for benchmark, found in (('nq_open', nq), ('curated_trec', trec)):
+    split = qa_evaluation.QASplit(benchmark, 'train')
+    assert qa_evaluation.evaluate(predictor, split, f'{out}/split',
+                                  batch_size=3) == {**found,
+                                                    'task': split.task}
+    assert qa_evaluation.read_predictions(f'{out}/split', split.task) == (
+        qa_evaluation.read_predictions(out, benchmark))
   # The command line: its own predictor (the trained reader), the same
   # retrieval.
   main.main(['eval', f'--model_dir={model_dir}', f'--qa_file={nq_file}',

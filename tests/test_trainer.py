@@ -174,12 +174,15 @@ def test_reader_warm_start_reads_its_own_block_at_the_rate_asked(tmp_path):
     run_kinds.Pretrain(num_candidates=4, source_block_rate=0.5)
 
 
-def test_a_warm_start_on_holding_blocks_reads_the_blocks_drawn(tmp_path):
-  """source_block='holding': the step reads, for each query, the block
-  its seeded draw of holders (`masked_queries.draw_holders`) gives."""
+@pytest.mark.parametrize('source_block', ['holding', 'holding_else_sibling'])
+def test_a_warm_start_on_holding_blocks_reads_the_blocks_drawn(tmp_path,
+                                                               source_block):
+  """The step reads, for each query, the block its seeded draw of holders
+  (`masked_queries.draw_holders`) gives; where no other block holds the
+  span, its own or the sibling drawn before."""
   bind_tiny()
   run = run_kinds.Pretrain(num_candidates=1, query_length=32, bert_dir='',
-                           source_block_rate=1.0, source_block='holding',
+                           source_block_rate=1.0, source_block=source_block,
                            masking='salient')
   trainer = Trainer(run.objective, partitioning.make_mesh(), 10)
   state = trainer.initial_state()
@@ -190,7 +193,12 @@ def test_a_warm_start_on_holding_blocks_reads_the_blocks_drawn(tmp_path):
   inputs, _ = preparer.prepare(examples, state.params, 5)
   rng = np.random.default_rng(5)
   rng.random(len(own))  # Which queries read a block at all (rate 1: all).
-  drawn = preparer.retrieval.span_holders(own, targets, targets != 0, rng)
+  fallback = (preparer.retrieval.siblings(own, rng)
+              if source_block == 'holding_else_sibling' else None)
+  drawn = preparer.retrieval.span_holders(own, targets, targets != 0, rng,
+                                          fallback)
+  if fallback is not None:  # Some read a sibling, none its own block.
+    assert np.any(drawn == fallback) and not np.any(drawn == own)
   np.testing.assert_array_equal(
       inputs['candidates']['token_ids'],
       preparer.retrieval.blocks_of(drawn[:, None])['token_ids'])

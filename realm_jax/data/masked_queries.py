@@ -212,12 +212,13 @@ def spans_held(block_tokens, targets, target_mask) -> np.ndarray:
 
 
 def draw_holders(articles: np.ndarray, tokens_of, block_ids, targets,
-                 target_mask, rng: np.random.Generator, none: int
-                 ) -> np.ndarray:
+                 target_mask, rng: np.random.Generator, none: int,
+                 fallback=None) -> np.ndarray:
   """[B] a block of each query's article, its own block excepted, that
   holds the query's masked span verbatim, drawn uniformly among those that
-  do; the query's own block (where the span sits unmasked) where none does.
-  A reader warmed on these finds its span in every block it reads.
+  do; where none does, `fallback`'s block ([B]), or the query's own (where
+  the span sits unmasked): a reader warmed on those finds its span in
+  every block it reads.
   `articles`: each block's article (`BlockStore.articles`); `tokens_of`:
   [B, k] block ids (`none` for no block) -> [B, k, L] wordpieces."""
   ids = np.asarray(block_ids)
@@ -231,4 +232,5 @@ def draw_holders(articles: np.ndarray, tokens_of, block_ids, targets,
   # Uniform among the holders: the largest of random keys where held.
   keys = np.where(held, rng.random(held.shape), -1.0)
   drawn = others[np.arange(len(ids)), keys.argmax(axis=1)]
-  return np.where(held.any(axis=1), drawn, ids)
+  return np.where(held.any(axis=1), drawn,
+                  ids if fallback is None else fallback)

@@ -59,6 +59,30 @@ class QAFile:
   def task(self) -> str:
     return open_qa.qa_file_task_name(self.path, self.regex)
 
+  def rows(self) -> list:
+    return open_qa.load_file(self.path, self.regex)
+
+
+@dataclasses.dataclass(frozen=True)
+class QASplit:
+  """A split of an Open-QA benchmark read from its data directory
+  (`open_qa.load`), every question scored. Its train splits are where a
+  lever is chosen (NQ's dev topics, WebQuestions' train), so that the test
+  split reports what was chosen and never chooses."""
+  benchmark: str
+  split: str
+
+  @property
+  def task(self) -> str:
+    return f'{self.benchmark}_{self.split}'
+
+  @property
+  def regex(self) -> bool:
+    return self.benchmark in open_qa.REGEX_ANSWERS
+
+  def rows(self) -> list:
+    return open_qa.load(self.benchmark, self.split)
+
 
 def _predict(predictor: QAPredictor, task: str, batches, total: int,
              batch_size: int, results: dict) -> list[tuple[int, str]]:
@@ -88,11 +112,12 @@ def _task_evaluation(predictor, task, batch_size, num_examples, results):
                  results)
 
 
-def _file_evaluation(predictor, qa_file: QAFile, batch_size, num_examples,
-                     results):
-  """(examples, regex, task metrics) of every question of a file, read and
-  tokenized without seqio, scored as its seqio task scores them."""
-  rows = open_qa.load_file(qa_file.path, qa_file.regex)[:num_examples]
+def _file_evaluation(predictor, qa_file: 'QAFile | QASplit', batch_size,
+                     num_examples, results):
+  """(examples, regex, task metrics) of every question of a file or split,
+  read and tokenized without seqio, scored as its seqio task scores
+  them."""
+  rows = qa_file.rows()[:num_examples]
   examples = [{'question': q, 'answers': list(a)} for q, a in rows]
   ids = open_qa.query_token_ids(predictor.tokenizer, [q for q, _ in rows],
                                 predictor.query_length)
@@ -149,11 +174,13 @@ def answers_in_corpus(corpus_dir: str, corpus_answers, num_blocks: int,
   return found
 
 
-def evaluate(predictor: QAPredictor, task: str | QAFile, output_dir: str,
-             batch_size: int = 32, num_examples: int | None = None,
+def evaluate(predictor: QAPredictor, task: 'str | QAFile | QASplit',
+             output_dir: str, batch_size: int = 32,
+             num_examples: int | None = None,
              retrieval_output: str | None = None,
              retrieval_format: str = 'dpr') -> dict:
-  """Scores `predictor` on the test split of `task`.
+  """Scores `predictor` on `task`: a benchmark's test split, a file's
+  questions or a benchmark's split (`QAFile`, `QASplit`).
 
   Writes output_dir/<task>_predictions.jsonl and <task>_metrics.json and
   returns the metrics: exact_match (or regex_match) when the predictor reads,
@@ -161,15 +188,16 @@ def evaluate(predictor: QAPredictor, task: str | QAFile, output_dir: str,
   again on the questions whose answer is in the corpus. With
   `retrieval_output`, also writes the retrievals there in
   `retrieval_format` (one of `RETRIEVAL_FORMATS`, see `retrieval_file`). The
-  questions come from the run's source (the seqio task or its exported
-  arrays) or from the file itself, scored by the same metric.
+  test questions come from the run's source (the seqio task or its
+  exported arrays), the others from their files, scored by the same
+  metric.
   """
   results: dict[int, dict] = {}
-  evaluation = (_file_evaluation if isinstance(task, QAFile)
-                else _task_evaluation)
+  read_here = isinstance(task, (QAFile, QASplit))
+  evaluation = _file_evaluation if read_here else _task_evaluation
   examples, regex, task_metrics = evaluation(predictor, task, batch_size,
                                              num_examples, results)
-  if isinstance(task, QAFile):
+  if read_here:
     task = task.task
 
   texts = predictor.texts

@@ -63,6 +63,13 @@ PAPER_EM = {'nq_open': 39.2, 'web_questions': 40.2, 'curated_trec': 46.8}
 PAPER_TABLE2 = {'realm': (38.2, 38.5), 'orqa': (31.3, None),
                 'stale': (28.7, 15.1), 'random_span': (35.3, 26.1),
                 'ict': (None, 13.9)}  # (NQ dev EM, recall@5)
+# The questions a lever is chosen on: NQ's dev topics (8,757, ORQA's dev
+# split of NQ's train) and WebQuestions' train questions (3,778). NQ's test
+# questions report what was chosen and never choose.
+SELECTION = (qa_evaluation.QASplit('nq_open', 'train'),
+             qa_evaluation.QASplit('web_questions', 'train'))
+SELECTION_LABELS = {'nq_open_train': "NQ's dev topics",
+                    'web_questions_train': "WebQuestions' train questions"}
 
 
 def build_corpus(block_length: int) -> dict:
@@ -104,6 +111,15 @@ def recall(model_dir: str, output_dir: str, setup: str) -> dict:
   predictor = qa_evaluation.QAPredictor(model_dir, None, [setup])
   return qa_evaluation.evaluate(predictor, 'nq_open', output_dir,
                                 batch_size=64)
+
+
+def select(model_dir: str, output_dir: str, setup: str) -> dict:
+  """A retriever's recall on the questions levers are chosen on
+  (`SELECTION`), by split."""
+  predictor = qa_evaluation.QAPredictor(model_dir, None, [setup])
+  return {split.task: qa_evaluation.evaluate(predictor, split, output_dir,
+                                             batch_size=64)
+          for split in SELECTION}
 
 
 def throughput(model_dir: str, machine_found: dict) -> dict:
@@ -158,6 +174,8 @@ def _corpus(ctx: runner.Context, block_length: int) -> dict:
 KINDS = {
     'corpus': _corpus,
     'recall': lambda ctx, run_dir, output: recall(
+        ctx.dir(run_dir), ctx.dir(output), ctx.preset.setup),
+    'select': lambda ctx, run_dir, output: select(
         ctx.dir(run_dir), ctx.dir(output), ctx.preset.setup),
     'throughput': lambda ctx, run_dir: throughput(
         ctx.dir(run_dir), ctx.results['machine']),
@@ -225,14 +243,25 @@ def _masked_lm_comparisons(eval_dir: str, pairs) -> dict:
   return out
 
 
+def _recall_pair(rows_a: list[dict], rows_b: list[dict]) -> dict:
+  return {'recall@5': qa_evaluation.compare(rows_a, rows_b, 'top-5'),
+          'recall@5_answer_in_corpus': qa_evaluation.compare(
+              rows_a, rows_b, 'top-5', answer_in_corpus_only=True)}
+
+
 def _recall_comparisons(eval_dir: str, pairs) -> dict:
   rows = lambda name: qa_evaluation.read_predictions(
       os.path.join(eval_dir, name), 'nq_open')
-  return {f'{a}_vs_{b}': {
-      'recall@5': qa_evaluation.compare(rows(a), rows(b), 'top-5'),
-      'recall@5_answer_in_corpus': qa_evaluation.compare(
-          rows(a), rows(b), 'top-5', answer_in_corpus_only=True)}
-          for a, b in pairs}
+  return {f'{a}_vs_{b}': _recall_pair(rows(a), rows(b)) for a, b in pairs}
+
+
+def _selection_comparisons(eval_dir: str, pairs) -> dict:
+  """Each pair's recall on each split of `SELECTION` (`select` stages)."""
+  rows = lambda name, task: qa_evaluation.read_predictions(
+      os.path.join(eval_dir, f'select_{name}'), task)
+  return {f'{a}_vs_{b}': {split.task: _recall_pair(rows(a, split.task),
+                                                   rows(b, split.task))
+                          for split in SELECTION} for a, b in pairs}
 
 
 def _em_comparisons(eval_dir: str, a: str, b: str) -> dict:
@@ -282,6 +311,8 @@ def finish(spec: preset_lib.Preset, work_dir: str, results: dict,
       continue
     elif kind == 'recall':
       out[kind] = _recall_comparisons(eval_dir, args)
+    elif kind == 'select':
+      out[kind] = _selection_comparisons(eval_dir, args)
     elif kind == 'em':
       out[kind] = _em_comparisons(eval_dir, *args)
     elif kind == 'end_to_end':
@@ -375,7 +406,13 @@ def comparison_rows(results: dict) -> list[str]:
            c('recall', 'realm_vs_ict', 'recall@5_answer_in_corpus'),
            '38.5 vs 13.9 (NQ dev, full Wikipedia)', goal=3),
       _row('NQ recall@5 (%), all 3,610 questions: REALM vs ICT',
-           c('recall', 'realm_vs_ict', 'recall@5'), '38.5 vs 13.9')]
+           c('recall', 'realm_vs_ict', 'recall@5'), '38.5 vs 13.9'),
+      *(_row(f'{label} recall@5 (%), answer in the corpus: REALM vs ICT '
+             '(where levers are chosen)',
+             found, 'not reported', goal=3)
+        for task, label in SELECTION_LABELS.items()
+        if (found := c('select', 'realm_vs_ict', task,
+                       'recall@5_answer_in_corpus')))]
   if sizes.get('ablations') or sizes.get('stale'):
     lines += [
         _row(f'held-out masked accuracy (%): fresh vs {STALE_FACTOR}x stale '

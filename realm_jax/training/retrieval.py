@@ -215,12 +215,12 @@ class CandidateRetrieval:
                                      NULL_DOCUMENT_ID)
 
   def span_holders(self, block_ids, targets, target_mask,
-                   rng: np.random.Generator) -> np.ndarray:
+                   rng: np.random.Generator, fallback=None) -> np.ndarray:
     """[B] `masked_queries.draw_holders` of the queries: a block of each
-    one's article that holds its masked span, else its own."""
+    one's article that holds its masked span, else `fallback` or its own."""
     return masked_queries.draw_holders(
         self.articles, lambda ids: self.blocks_of(ids)['token_ids'],
-        block_ids, targets, target_mask, rng, NULL_DOCUMENT_ID)
+        block_ids, targets, target_mask, rng, NULL_DOCUMENT_ID, fallback)
 
   def blocks_of(self, ids):
     """[B, k] block ids (NULL_DOCUMENT_ID for none) -> their token arrays."""

@@ -129,7 +129,7 @@ class Ict(RunKind):
 
 
 # The blocks a reader's warm start may read (Pretrain.source_block).
-SOURCE_BLOCKS = ('own', 'sibling', 'holding')
+SOURCE_BLOCKS = ('own', 'sibling', 'holding', 'holding_else_sibling')
 
 
 @gin.configurable
@@ -162,7 +162,9 @@ class Pretrain(RunKind):
       where the article's other text holds it, and to leave it where not;
       or 'holding' (a block of the article that holds the span verbatim,
       the query's own where no other does), so that copying pays in every
-      example.
+      example; or 'holding_else_sibling' (such a block where the article
+      has one, else a 'sibling' block): copying pays where a block REALM
+      may retrieve holds the span, and only there.
     null_score_offset: None scores the null document as the paper does, by
       the document tower's embedding of an empty block; its f(x, null) then
       sits tens of nats below the retrieved blocks (docs/levers.md). A

@@ -209,12 +209,14 @@ class MaskedLmInputs(_RetrievingInputs):
       # Seeded by the step: a resumed run reads what it would have read.
       rng = np.random.default_rng(step)
       source = rng.random(len(examples['block_id']))
-      read = {'own': lambda: examples['block_id'],
-              'sibling': lambda: self.retrieval.siblings(
-                  examples['block_id'], rng),
-              'holding': lambda: self.retrieval.span_holders(
-                  examples['block_id'], examples['mlm_targets'],
-                  np.asarray(examples['mlm_targets']) != 0, rng),
+      own, targets = examples['block_id'], examples['mlm_targets']
+      holders = lambda fallback=None: self.retrieval.span_holders(
+          own, targets, np.asarray(targets) != 0, rng, fallback)
+      read = {'own': lambda: own,
+              'sibling': lambda: self.retrieval.siblings(own, rng),
+              'holding': holders,
+              'holding_else_sibling': lambda: holders(
+                  self.retrieval.siblings(own, rng)),
               }[self.source_block]()
       ids = np.where(source < self.source_block_rate, read,
                      NULL_DOCUMENT_ID)[:, None]

@@ -111,6 +111,14 @@ def recall(name: str, run_dir: str) -> Stage:
                needs_qa=True)
 
 
+def select(run_dir: str) -> Stage:
+  """A retriever's recall on the questions levers are chosen on (NQ's dev
+  topics, WebQuestions' train questions), never on NQ's test questions."""
+  return Stage(f'select_{run_dir}', 'select',
+               {'run_dir': run_dir, 'output': f'eval/select_{run_dir}'},
+               needs_qa=True)
+
+
 def finetune(name: str, steps: int, warm_start: dict,
              refresh_interval: int | None = None, keep: bool = True
              ) -> Stage:

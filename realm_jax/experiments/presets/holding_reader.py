@@ -7,7 +7,8 @@ trained baseline from that reader, scored as the demo scores them. A lever
 corpus and ICT."""
 
 from realm_jax.experiments.preset import Preset
-from realm_jax.experiments.presets import _wiki, demo, sibling_reader
+from realm_jax.experiments.presets import (_wiki, demo, demo_select,
+                                           sibling_reader)
 
 PRESET = Preset(
     family='demo', setup=demo.PRESET.setup, run_gin=demo.PRESET.run_gin,
@@ -15,5 +16,6 @@ PRESET = Preset(
     stages=(*sibling_reader.STARTS, sibling_reader.reader('holding'),
             *_wiki.pretraining(demo.RUNS, demo.PRETRAIN_STEPS,
                                demo.PRETRAIN_BATCH, demo.REFRESH_INTERVAL),
-            _wiki.recall('recall_realm', 'realm')),
-    comparisons=demo.PRESET.comparisons)
+            _wiki.recall('recall_realm', 'realm'),
+            _wiki.select('ict'), _wiki.select('realm')),
+    comparisons=demo_select.PRESET.comparisons)

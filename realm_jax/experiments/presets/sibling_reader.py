@@ -15,10 +15,10 @@ from realm_jax.experiments.presets import _wiki, demo, signals
 READER_STEPS = 3 * demo.READER_STEPS
 
 
-def reader(source_block: str):
-  """The warm start of READER_STEPS in which every query reads the
+def reader(source_block: str, steps: int = READER_STEPS):
+  """The warm start of `steps` in which every query reads the
   `source_block` (`Pretrain.source_block`) of its article."""
-  stage = _wiki.reader(READER_STEPS, demo.BATCH)
+  stage = _wiki.reader(steps, demo.BATCH)
   bindings = {**stage.args['bindings'], 'Pretrain.source_block_rate': 1.0,
               'Pretrain.source_block': source_block, 'Pretrain.masking':
                   'salient', 'build_realm.reader_length': 112}
@@ -37,5 +37,6 @@ PRESET = Preset(
             *_wiki.pretraining(signals.RUNS, demo.PRETRAIN_STEPS,
                                demo.PRETRAIN_BATCH, demo.REFRESH_INTERVAL),
             *(_wiki.recall(f'recall_{name}', name)
-              for name in signals.TRAINED)),
+              for name in signals.TRAINED),
+            *(_wiki.select(name) for name in ('ict', *signals.TRAINED))),
     comparisons=signals.PRESET.comparisons)

@@ -24,9 +24,11 @@ PRESET = Preset(
                            demo.READER_STEPS, demo.BATCH),
         *_wiki.pretraining(RUNS, demo.PRETRAIN_STEPS, demo.PRETRAIN_BATCH,
                            demo.REFRESH_INTERVAL),
-        *(_wiki.recall(f'recall_{name}', name) for name in TRAINED)),
+        *(_wiki.recall(f'recall_{name}', name) for name in TRAINED),
+        *(_wiki.select(name) for name in ('ict', *TRAINED))),
     comparisons=(
         ('masked_lm', *((name, 'baseline') for name in TRAINED),
          *((name, 'realm') for name in SUCCESSORS)),
-        ('recall', *((name, 'ict') for name in TRAINED),
-         *((name, 'realm') for name in SUCCESSORS))))
+        *((kind, *((name, 'ict') for name in TRAINED),
+           *((name, 'realm') for name in SUCCESSORS))
+          for kind in ('recall', 'select'))))
