@@ -62,7 +62,7 @@ def provenance(runs: int, m: dict, minutes: float) -> str:
 
 def world_table(results_dir: str = RESULTS) -> str:
   """The world preset's headline figures over its runs."""
-  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import world_report  # pylint: disable=g-import-not-at-top
   record = load('world', results_dir)
   summary, first = record['repeats'], record['runs'][0]
   figures, compared = summary['figures'], summary['comparisons']
@@ -77,7 +77,7 @@ def world_table(results_dir: str = RESULTS) -> str:
   for path in ('realm_vs_frozen/recall@1', 'realm_vs_stale/recall@1',
                'realm_vs_stale_along/masked_token_accuracy',
                'realm_vs_baseline/masked_token_accuracy'):
-    d, (label, _) = compared[path], world_demo.COMPARISONS[path]
+    d, (label, _) = compared[path], world_report.COMPARISONS[path]
     lines.append(f'| {label}, A - B | {_signed(d["mean"])} '
                  f'({_signed(d["min"])} to {_signed(d["max"])}); the '
                  f'interval above 0 in {d["runs_above_zero"]} of {runs} |')
@@ -102,20 +102,20 @@ def world_comparisons(results_dir: str = RESULTS) -> str:
   """Every comparison of the world preset, each run's interval beside
   the mean and range."""
   from realm_jax import repeats  # pylint: disable=g-import-not-at-top
-  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import world_report  # pylint: disable=g-import-not-at-top
   summary = load('world', results_dir)['repeats']
-  return '\n'.join(repeats.comparison_rows(summary, world_demo.COMPARISONS))
+  return '\n'.join(repeats.comparison_rows(summary, world_report.COMPARISONS))
 
 
 def world_along(results_dir: str = RESULTS) -> str:
   """REALM and the stale run of each seed, scored at each quarter of
   their training."""
-  from realm_jax.experiments import world_demo  # pylint: disable=g-import-not-at-top
-  names = {'realm': 'REALM', 'stale': f'{world_demo.STALE_FACTOR}x stale'}
+  from realm_jax.experiments import world_report  # pylint: disable=g-import-not-at-top
+  names = {'realm': 'REALM', 'stale': f'{world_report.STALE_FACTOR}x stale'}
   points = {f'seed {r["seed"]}: {names[n]}': p
             for r in load('world', results_dir)['runs']
-            for n, p in world_demo.along_points(r['held_out']).items()}
-  return '\n'.join(world_demo.along_table(points))
+            for n, p in world_report.along_points(r['held_out']).items()}
+  return '\n'.join(world_report.along_table(points))
 
 
 def world_levers(results_dir: str = RESULTS) -> str:
@@ -154,7 +154,7 @@ def demo_table(results_dir: str = RESULTS, preset: str = 'demo') -> str:
   """The demo's two core checks, each with its paired interval (over
   runs: their mean, range and every run's interval)."""
   from realm_jax import repeats
-  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo_report  # pylint: disable=g-import-not-at-top
   r = load(preset, results_dir)
   c = r['comparisons']
   runs, minutes = _runs_and_minutes(r)
@@ -165,7 +165,7 @@ def demo_table(results_dir: str = RESULTS, preset: str = 'demo') -> str:
         [f'`realm-jax demo --preset={preset}`: '
          f'{provenance(runs, r["machine"], minutes)}.', ''] +
         repeats.comparison_rows(r['repeats'],
-                                {p: demo.COMPARISONS[p] for p in core}))
+                                {p: demo_report.COMPARISONS[p] for p in core}))
   rows = [('held-out masked accuracy (%): REALM vs the trained baseline',
            c['masked_lm']['realm_vs_baseline']['masked_token_accuracy'], 2)]
   if 'recall' in c:
@@ -190,18 +190,19 @@ def _comparison(preset: str, path: str, digits: int = 2,
 def comparisons(preset: str, results_dir: str = RESULTS) -> str:
   """A demo preset's comparisons table, as its own report gives it."""
   from realm_jax import repeats
-  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo_report  # pylint: disable=g-import-not-at-top
   r = load(preset, results_dir)
   if 'repeats' in r:
-    return '\n'.join(repeats.comparison_rows(r['repeats'], demo.COMPARISONS))
-  return '\n'.join(demo.comparison_rows(r))
+    return '\n'.join(repeats.comparison_rows(r['repeats'],
+                                             demo_report.COMPARISONS))
+  return '\n'.join(demo_report.comparison_rows(r))
 
 
 def fine_tuning(results_dir: str = RESULTS) -> str:
   """The end-to-end preset's fine-tuning comparisons and their cost."""
-  from realm_jax.experiments import demo  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo_report  # pylint: disable=g-import-not-at-top
   r = load('end_to_end', results_dir)
-  lines = demo.end_to_end_markdown(r, r['sizes'])
+  lines = demo_report.end_to_end_markdown(r, r['sizes'])
   return '\n'.join(lines[lines.index('') + 3:])  # From its text on.
 
 
@@ -213,9 +214,9 @@ def preset_provenance(preset: str, results_dir: str = RESULTS) -> str:
 
 def stage_times(preset: str, results_dir: str = RESULTS) -> str:
   """A run's wall time, its stages' sum, and the stages its budget cut."""
-  from realm_jax.experiments import demo, runner  # pylint: disable=g-import-not-at-top
+  from realm_jax.experiments import demo_report, runner  # pylint: disable=g-import-not-at-top
   r = load(preset, results_dir)
-  cut = demo.cut_stages(r, r['sizes'])
+  cut = demo_report.cut_stages(r, r['sizes'])
   return (f'{runner.wall_seconds(r):.0f} s of stages ('
           f'{sum(r["timings"].values()):.0f} s one after another)'
           + ('; the budget stopped ' + ', '.join(

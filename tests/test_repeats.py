@@ -4,7 +4,7 @@ mean and range of each figure."""
 import pytest
 
 from realm_jax import repeats
-from realm_jax.experiments import world_demo
+from realm_jax.experiments import world_report
 
 
 def _interval(difference, low, high):
@@ -44,7 +44,7 @@ def test_spread_keeps_every_run_and_counts_intervals_above_zero():
   runs = [_results(0, 20.0, 16.0, 0.80, 0.95),
           _results(1, 2.0, -2.0, 0.90, 0.85),
           _results(2, 11.0, 7.0, 0.70, None)]
-  summary = repeats.spread(runs, world_demo.figures)
+  summary = repeats.spread(runs, world_report.figures)
   assert summary['runs'] == 3 and summary['seeds'] == [0, 1, 2]
   recall = summary['comparisons']['realm_vs_frozen/recall@1']
   assert recall['values'] == [20.0, 2.0, 11.0]
@@ -67,8 +67,8 @@ def test_spread_keeps_every_run_and_counts_intervals_above_zero():
 def test_tables_show_every_run_and_goals_need_every_interval_above_zero():
   runs = [_results(0, 20.0, 16.0, 0.85, 0.95),
           _results(1, 2.0, -2.0, 0.85, 0.95)]
-  summary = repeats.spread(runs, world_demo.figures)
-  rows = repeats.comparison_rows(summary, world_demo.COMPARISONS)
+  summary = repeats.spread(runs, world_report.figures)
+  rows = repeats.comparison_rows(summary, world_report.COMPARISONS)
   frozen = next(r for r in rows if r.startswith(
       "| held-out recall@1 of the person's document (%): REALM vs the "
       'frozen'))
@@ -79,15 +79,15 @@ def test_tables_show_every_run_and_goals_need_every_interval_above_zero():
                 if r.startswith('| held-out fill accuracy of REALM'))
   assert figure == ('| held-out fill accuracy of REALM (%) | 85.0 | '
                     '85.0 to 85.0 | 85.0 | 85.0 |')
-  goals = world_demo.goal_rows(
+  goals = world_report.goal_rows(
       {k: d['mean'] for k, d in summary['figures'].items()},
       summary['comparisons'])
   assert ('| frozen retriever below on recall@1 | 11.0 | '
           '> 0, interval above 0 | missed |') in goals
   assert '| edited facts answered with the new value (%) | 95.0 | >= 90 | ' \
       'met |' in goals
-  one = world_demo.goal_rows(world_demo.figures(runs[0]),
-                             repeats.intervals(runs[0]['comparisons']))
+  one = world_report.goal_rows(world_report.figures(runs[0]),
+                               repeats.intervals(runs[0]['comparisons']))
   assert ('| frozen retriever below on recall@1 | 20.0 | '
           '> 0, interval above 0 | met |') in one
   # The stale run did not run: its goal is missed, not passed over.
