@@ -236,8 +236,8 @@ def markdown(results: dict) -> str:
       f'trainer re-embedding a checkpoint every {sizes["refresh_interval"]} '
       f'steps (the stale run: every {sizes["refresh_interval"] * STALE_FACTOR}'
       f'), {REFRESH_MODES[results.get("refresh", "async")]}. Seed '
-      f'{results.get("seed", 0)}. The baseline (the null document alone) and the frozen retriever '
-      'train for the same steps from the same warm starts; the start is the '
+      f'{results.get("seed", 0)}. The baseline (the null document alone) '
+      'and the frozen retriever train for the same steps from the same warm starts; the start is the '
       'same run trained for no step.', '',
       f'Why ICT: {ICT_WHY}', '', f'Why the reader\'s warm start: {READER_WHY}',
       '',
