@@ -6,6 +6,16 @@ The two jobs share nothing but one model_dir:
   vocabulary.json           the wordpiece vocabulary it was trained with
                             (file, size, sha256), which every reader of
                             the run must read too;
+  run.json                  what else a reader of the run needs and
+                            config.gin does not say, written by the
+                            trainer as it starts (`run_loader.run_record`):
+                            its kind; its corpus (name, absolute directory,
+                            fingerprint); the block length it reads; the
+                            refresh cadence it was given
+                            (run_refresh.refresh_interval_steps and
+                            stale_factor, null where not bound); and the
+                            REALM_* variables set that chose its data. The
+                            index builder embeds as it says;
   trainer.lock, run_format.json
                             the trainer's lock and the layout its
                             checkpoints were written in (see `run_guard`);
@@ -59,9 +69,12 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from realm_jax import checksums
-from realm_jax.errors import ChecksumMismatch, DamagedStepError, NotFound
+from realm_jax.errors import (BadInput, ChecksumMismatch, DamagedStepError,
+                              NotFound)
 
 CONFIG = 'config.gin'
+# What the trainer records of a run beside its config (see the layout above).
+RECORD = 'run.json'
 # The wordpiece vocabulary the run was trained with: its ids mean nothing
 # read with another (`step_inputs.check_trained_vocabulary`).
 VOCABULARY = 'vocabulary.json'
@@ -153,6 +166,42 @@ def vocabulary_path(model_dir: str) -> epath.Path:
   return epath.Path(model_dir) / VOCABULARY
 
 
+def record_path(model_dir: str) -> epath.Path:
+  return epath.Path(model_dir) / RECORD
+
+
+def replace_whole(path: epath.Path, text: str) -> None:
+  """Writes `text` to a temporary file renamed over `path`: a reader in
+  another process sees the old file or the new one, never half of one."""
+  partial = path.parent / f'.{path.name}.{os.getpid()}'
+  partial.write_text(text)
+  partial.replace(path)
+
+
+def write_record(model_dir: str, record: dict) -> None:
+  """Writes the run's `RECORD` (process 0: the processes share it)."""
+  if not jax.process_index():
+    replace_whole(record_path(model_dir),
+                  json.dumps(record, indent=2, sort_keys=True) + '\n')
+
+
+def read_record(model_dir: str) -> dict | None:
+  """The run's `RECORD`; None where its trainer has not written one (yet,
+  or ever: runs trained before it was written have none)."""
+  path = record_path(model_dir)
+  try:
+    record = json.loads(path.read_text())
+  except FileNotFoundError:
+    return None
+  except ValueError as error:  # UnicodeDecodeError is one too.
+    raise BadInput(f'{path} is damaged ({error}); a trainer started on the '
+                   'run writes it again.') from error
+  if not isinstance(record, dict):
+    raise BadInput(f'{path} is damaged (not a JSON object); a trainer '
+                   'started on the run writes it again.')
+  return record
+
+
 def checkpoints_dir(model_dir: str) -> str:
   return os.path.join(absolute(model_dir), CHECKPOINTS)
 
@@ -186,9 +235,7 @@ def request_index(model_dir: str, step: int) -> None:
     return
   directory = epath.Path(index_dir(model_dir))
   directory.mkdir(parents=True, exist_ok=True)
-  partial = directory / f'.{INDEX_REQUEST}.{os.getpid()}'
-  partial.write_text(f'{step}\n')
-  partial.replace(directory / INDEX_REQUEST)
+  replace_whole(directory / INDEX_REQUEST, f'{step}\n')
 
 
 def requested_index(model_dir: str) -> int | None:

@@ -19,15 +19,26 @@ import gin
 from etils import epath
 
 from realm_jax import default_files, errors, run_directory, run_guard
+from realm_jax.data import corpus, example_arrays, open_qa
+from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
 from realm_jax.input import configured as configured_input
 from realm_jax.input.seqio_source import SeqioSource
 from realm_jax.input.source import Source
+from realm_jax.models.realm import model_retriever
+from realm_jax.models.retriever import Retriever
 from realm_jax.training import step_inputs, trainer
 from realm_jax.training.run_kinds import RunKind
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), 'gin')
+# The environment that changes what a run reads (its corpus, benchmarks,
+# vocabulary and exported examples), recorded with it (`run_record`).
+RECORDED_ENVIRONMENT = (corpus.CORPUS_ROOT_ENV, open_qa.DATA_DIR_ENV,
+                        default_files.VOCAB_ENV, example_arrays.ROOT_ENV)
+# The index builder's cadence, bound with the trainer's config and recorded
+# with the run: the builder reads it there.
+CADENCE = ('refresh_interval_steps', 'stale_factor')
 
 
 def _not_a_path_probe(record: logging.LogRecord) -> bool:
@@ -194,9 +205,42 @@ def reading(run: RunKind, source: Source) -> Source:
   return source
 
 
+def _bound(name: str):
+  """The value gin binds to `name` (a macro's value), None if unbound."""
+  try:
+    value = gin.query_parameter(name)
+  except ValueError:  # Not bound, or run_refresh not imported at all.
+    return None
+  if isinstance(value, gin.config.ConfigurableReference):
+    value = value.scoped_configurable_fn()  # A macro: its value.
+  return value
+
+
+def run_record(run: RunKind) -> dict:
+  """What the trainer of `run` records in its run directory
+  (`run_directory.RECORD`) for the run's other readers: the index builder
+  embeds the corpus and block cut recorded, at the cadence recorded, rather
+  than a second configuration that may disagree."""
+  directory = run_directory.absolute(corpus.corpus_dir(run.corpus_name))
+  try:
+    fingerprint = OpenCorpus(directory).fingerprint
+  except errors.NotFound:  # Refused where the run reads it, if it does.
+    fingerprint = None
+  return {
+      'kind': type(run).__name__,
+      'corpus': {'name': run.corpus_name, 'dir': directory,
+                 'fingerprint': fingerprint},
+      'block_length': run.block_length,
+      'refresh': {name: _bound(f'run_refresh.{name}') for name in CADENCE},
+      'environment': {name: os.environ[name] for name in RECORDED_ENVIRONMENT
+                      if name in os.environ}}
+
+
 def train(model_dir: str):
   """Trains the configured run (`trainer.train`) from its source."""
-  return trainer.train(model_dir, configured_run().source)
+  configured = configured_run()
+  return trainer.train(model_dir, configured.source,
+                       record=run_record(configured.run))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,15 +282,7 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
         '`realm-jax train` wrote (or `realm-jax import` made).')
   run_guard.check_readable(model_dir)
   step_inputs.check_trained_vocabulary(model_dir)
-  data = config.read_bytes()  # Unreadable is not damaged: said apart.
-  gin.clear_config()
-  try:  # Tolerant: it may name what this command has not imported.
-    gin.parse_config(data.decode('utf-8'), skip_unknown=True)
-  except Exception as error:  # pylint: disable=broad-except
-    raise errors.BadInput(
-        f'{config} is damaged: {_gin_message(error)}', 'It is the config the '
-        'run was trained with: put back a good copy, or train the run '
-        'again.') from error
+  _parse_saved_config(config)
   parse_gin(gin_files, gin_bindings, finalize=False)
   configured = configured_run()
   checkpoints = _steps(run_directory.checkpoints_dir(model_dir), lambda _:
@@ -260,3 +296,26 @@ def load_run(model_dir: str, gin_files=(), gin_bindings=()) -> LoadedRun:
       model_dir=model_dir,
       config=gin.config_str(), step=checkpoints[-1] if checkpoints else None,
       index_step=indexes[-1] if indexes else None)
+
+
+def _parse_saved_config(config: epath.Path) -> None:
+  """Replaces gin's config by a run's config.gin (`config`)."""
+  data = config.read_bytes()  # Unreadable is not damaged: said apart.
+  gin.clear_config()
+  try:  # Tolerant: it may name what this command has not imported.
+    gin.parse_config(data.decode('utf-8'), skip_unknown=True)
+  except Exception as error:  # pylint: disable=broad-except
+    raise errors.BadInput(
+        f'{config} is damaged: {_gin_message(error)}', 'It is the config the '
+        'run was trained with: put back a good copy, or train the run '
+        'again.') from error
+
+
+def run_retriever(model_dir: str, gin_bindings=()) -> Retriever:
+  """The towers of the run in `model_dir` as its config.gin builds them,
+  `gin_bindings` (the machine's settings) layered over it: what its index
+  builder embeds with. Nothing else of the run is built or checked: the
+  builder reads no examples and tokenizes nothing."""
+  _parse_saved_config(run_directory.config_path(model_dir))
+  parse_gin((), gin_bindings, finalize=False)
+  return model_retriever()

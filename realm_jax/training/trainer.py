@@ -297,7 +297,8 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
           eval_batch_size: int | None = None,
           data_shards: int | None = None, prefetch: bool = True,
           memory_fraction: float | None = 0.9,
-          time_limit_s: float | None = None) -> TrainState:
+          time_limit_s: float | None = None,
+          record: dict | None = None) -> TrainState:
   """Trains `run` to `num_steps`, resuming from model_dir's newest checkpoint.
 
   Args:
@@ -341,6 +342,9 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
       (a checkpoint of that step, the index builder told it is done) and
       says so: a preset's stage that keeps to its share of a budget. A
       later run with more time resumes there.
+    record: what the run records for its other readers
+      (`run_loader.run_record`), written before its first checkpoint: an
+      index builder that waited for checkpoints finds it.
   """
   started_at = time.perf_counter()
   distributed.initialize()
@@ -354,6 +358,8 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
     run_guard.check_format(model_dir)
     if jax.process_index() == 0:
       record_vocabulary(model_dir)
+      if record is not None:
+        run_directory.write_record(model_dir, record)
     mesh = partitioning.make_mesh()
     trainer = Trainer(run.objective, mesh, num_steps, seed)
     preparer = run.input_preparer(model_dir, mesh)
@@ -387,8 +393,8 @@ def train(model_dir: str, source: Source, run: RunKind = gin.REQUIRED,
     writer = create_writer(model_dir)
     if jax.process_index() == 0:
       # The operative config, for evaluation and serving to rebuild the run.
-      run_directory.config_path(model_dir).write_text(
-          gin.operative_config_str())
+      run_directory.replace_whole(run_directory.config_path(model_dir),
+                                  gin.operative_config_str())
     evaluate = lambda params, step: held_out_metrics(
         run, source, preparer, trainer.evaluate, mesh, params, step,
         eval_batch_size or batch_size, eval_batches, seed)
