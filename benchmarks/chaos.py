@@ -67,7 +67,8 @@ TINY_FLAGS = ['--gin_file=gin/runs/pretrain.gin', '--gin_file=gin/models/tiny.gi
 
 
 def flags(steps: int) -> list[str]:
-  """Both jobs' gin flags: the tiny model, `steps` steps in lockstep."""
+  """The trainer's gin flags: the tiny model, `steps` steps in lockstep
+  (the builder reads them from the run)."""
   return [*TINY_FLAGS, f'--gin.train.num_steps={steps}']
 
 
@@ -175,13 +176,12 @@ class Episode:
     self.checkpoints = os.path.join(self.model_dir, 'checkpoints')
     self.snapshots = os.path.join(self.model_dir, 'retriever_snapshots')
     self.index = os.path.join(self.model_dir, 'index')
-    corpus_dir = os.path.join(env['REALM_CORPUS_DIR'], 'wiki_leads')
     self.trainer = Job('trainer', ['train', f'--model_dir={self.model_dir}',
                                    *flags(steps)], self.log_dir, env)
+    # The builder reads the model, corpus and cadence from the run.
     self.builder = Job('builder', [
-        'refresh', f'--model_dir={self.model_dir}',
-        f'--corpus_dir={corpus_dir}', '--poll_seconds=0.2',
-        '--batch_size=16', *flags(steps)], self.log_dir, env)
+        'refresh', f'--model_dir={self.model_dir}', '--poll_seconds=0.2',
+        '--batch_size=16'], self.log_dir, env)
     self.faults = []  # One record per fault injected.
     self.resume_expectations = []  # (trainer start, the step it must resume)
     self.damaged = []  # (what, step, file, trainer start after, builder's)

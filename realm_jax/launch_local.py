@@ -5,9 +5,12 @@ machine, sharing one model_dir (the pod layout, shrunk to one host).
       --gin_file=gin/runs/pretrain.gin --gin_file=gin/setups/cpu_demo.gin \\
       --gin.train.num_steps=100
 
-The builder's log is model_dir/refresh.log; the trainer prints to this
-console (or, with --train_log, to model_dir/train.log); a gs:// model_dir
-keeps them in runs/logs under its path. The builder exits by
+The gin files and bindings are the trainer's; the builder reads the run
+(its config.gin and run.json: the model, corpus, block length and cadence)
+and is given its machine settings alone. The builder's log is
+model_dir/refresh.log; the trainer prints to this console (or, with
+--train_log, to model_dir/train.log); a gs:// model_dir keeps them in
+runs/logs under its path. The builder exits by
 itself once the trainer has marked training done and the last step is
 published; this waits for both. A builder that dies is restarted (a few times,
 each exit logged with the tail of its log) while training goes on with the
@@ -242,17 +245,16 @@ def _parser() -> argparse.ArgumentParser:
       description=__doc__.split('\n\n')[0],
       allow_abbrev=False,
       epilog='Single gin bindings also as --gin.train.num_steps=10; they go '
-      'to both jobs unless --refresh_gin_file is given.')
+      "to the trainer, and the builder reads the run's.")
   parser.add_argument('--model_dir', required=True)
   parser.add_argument('--gin_file', action='append', required=True,
-                      help='Gin files of both jobs (repeatable; see '
-                      '--refresh_gin_file).')
+                      help="The trainer's gin files (repeatable).")
   parser.add_argument('--gin_bindings', action='append', default=[],
                       help='e.g. "train.num_steps = 10" (repeatable).')
   parser.add_argument('--refresh_gin_file', action='append', default=None,
-                      help='The builder\'s gin files (default: the '
-                      'trainer\'s files and bindings, so the towers and the '
-                      'block length agree).')
+                      help='Gin files for the builder, which then reads '
+                      'them, not the run\'s config.gin: for a run trained '
+                      'before runs recorded their settings (run.json).')
   parser.add_argument('--searcher', choices=('exact', 'scann'),
                       default='exact')
   parser.add_argument('--poll_seconds', type=float, default=2.0,
@@ -280,10 +282,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   args.train_args = [
       *(f'--gin_file={path}' for path in args.gin_file),
       *(f'--gin_bindings={binding}' for binding in args.gin_bindings), *extra]
-  refresh_gin = ([f'--gin_file={path}' for path in args.refresh_gin_file]
-                 if args.refresh_gin_file else args.train_args)
-  args.refresh_args = [*refresh_gin, f'--searcher={args.searcher}',
-                       f'--poll_seconds={args.poll_seconds:g}']
+  # The builder reads the model, corpus, block length and cadence from the
+  # run (config.gin, run.json); it is given the machine's settings alone.
+  args.refresh_args = [
+      *(f'--gin_file={path}' for path in args.refresh_gin_file or ()),
+      f'--searcher={args.searcher}', f'--poll_seconds={args.poll_seconds:g}']
   return args
 
 

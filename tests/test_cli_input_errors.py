@@ -302,7 +302,7 @@ def test_refresh_refuses_a_file_and_says_what_it_waits_for(
     small_corpus, tmp_path, capsys, caplog, monkeypatch):
   corpus_dir = f'--corpus_dir={small_corpus}/wiki_leads'
   (tmp_path / 'file').write_text('a file\n')
-  _refused(['refresh', f'--model_dir={tmp_path}/file', corpus_dir], capsys,
+  _refused(['refresh', f'--model_dir={tmp_path}/file'], capsys,
            f'--model_dir {tmp_path}/file is a file')
 
   class Waited(Exception):
@@ -313,7 +313,12 @@ def test_refresh_refuses_a_file_and_says_what_it_waits_for(
 
   monkeypatch.setattr(refresh.time, 'sleep', sleep)
   caplog.set_level(logging.INFO, logger=refresh.log.name)
-  with pytest.raises(Waited):
+  with pytest.raises(Waited):  # For the trainer's record of the run.
+    main.main(['refresh', f'--model_dir={tmp_path}/typo'])
+  assert (f'waiting for a trainer to record the run in {tmp_path}/typo'
+          in caplog.text)
+  gin.clear_config()
+  with pytest.raises(Waited):  # Told the corpus: for checkpoints alone.
     main.main(['refresh', f'--model_dir={tmp_path}/typo', corpus_dir])
   assert (f'waiting for a trainer to write checkpoints in {tmp_path}/typo'
           in caplog.text)
@@ -321,12 +326,11 @@ def test_refresh_refuses_a_file_and_says_what_it_waits_for(
 
 @pytest.mark.integration
 def test_each_builder_setting_takes_its_gin_binding_or_its_flag_not_both(
-    small_corpus, tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch):
   """A binding of run_refresh's searcher, poll_seconds or batch_size
   reaches the builder (a bad one is refused by it, the poll waits as
   long as bound); a flag beside a binding of the same setting is refused."""
-  argv = ['refresh', f'--model_dir={tmp_path}/run',
-          f'--corpus_dir={small_corpus}/wiki_leads']
+  argv = ['refresh', f'--model_dir={tmp_path}/run']  # Waits for the run.
   gin_ = lambda binding: f'--gin_bindings=run_refresh.{binding}'
   _refused([*argv, gin_("searcher = 'faiss'")], capsys,
            "searcher='faiss'; expected one of")

@@ -46,7 +46,10 @@ def test_dtype_bindings_are_strings():
 
 
 BLOCK_LENGTHS = ('Ict.block_length', 'Pretrain.block_length',
-                 'Finetune.block_length', 'run_refresh.block_length')
+                 'Finetune.block_length')
+# The index builder reads the trainer's from the run's run.json: no file
+# binds it.
+BUILDER_BLOCK_LENGTH = 'run_refresh.block_length'
 
 
 def _block_lengths(files) -> dict:
@@ -56,7 +59,7 @@ def _block_lengths(files) -> dict:
   try:
     gin.parse_config_files_and_bindings(files, [])
     bound = {}
-    for name in BLOCK_LENGTHS:
+    for name in (*BLOCK_LENGTHS, BUILDER_BLOCK_LENGTH):
       try:
         value = gin.query_parameter(name)
       except ValueError:  # Not bound.
@@ -73,11 +76,13 @@ def _block_lengths(files) -> dict:
 @pytest.mark.parametrize('setup', sorted(os.listdir(
     os.path.join(REPO, 'gin', 'setups'))))
 def test_every_consumer_reads_one_block_length(setup, run):
-  """The trainer refuses an index cut unlike its own blocks, and the index
-  builder and `realm-jax eval` read a setup without its run file: a setup
-  binds all four block lengths alike, or none."""
+  """The trainer refuses an index cut unlike its own blocks, and `realm-jax
+  eval` reads a setup without its run file: a setup binds every run kind's
+  block length alike, or none; no file binds the builder's (it reads the
+  trainer's from the run)."""
   alone = _block_lengths([f'gin/setups/{setup}'])
   assert not alone or set(alone) == set(BLOCK_LENGTHS), alone
   files = [f'gin/runs/{run}.gin'] if run else []
   bound = _block_lengths(files + [f'gin/setups/{setup}'])
+  assert BUILDER_BLOCK_LENGTH not in bound
   assert len(set(bound.values())) <= 1, bound

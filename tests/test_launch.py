@@ -106,11 +106,10 @@ def test_start_runs_train_and_refresh_on_the_same_model_dir(capsys):
       '--gin_bindings=Pretrain.bert_dir = "gs://YOUR_BUCKET/bert/'
       'uncased_L-12_H-768_A-12/bert_model.ckpt"',
       '--gin_bindings=Pretrain.ict_model_dir = "gs://YOUR_BUCKET/realm/ict"']
+  # The builder reads the model, corpus and cadence from the run.
   assert _job_argv(_remote_script(builder)) == [
       '.venv/bin/realm-jax', 'refresh', f'--model_dir={MODEL_DIR}',
-      '--gin_file=gin/setups/paper_scale.gin',
-      '--gin_file=gin/setups/tpu_v4.gin', '--searcher=exact',
-      '--batch_size=1024']
+      '--searcher=exact', '--batch_size=1024']
   for line in (trainer, builder):
     subprocess.run(['bash', '-n', '-c', _remote_script(line)], check=True)
 
@@ -352,7 +351,8 @@ def test_local_command_line():
   gin = ['--gin_file=gin/runs/pretrain.gin',
          '--gin_file=gin/setups/cpu_demo.gin', '--gin.train.num_steps=5']
   assert args.model_dir == 'runs/p' and args.train_args == gin
-  assert args.refresh_args == [*gin, '--searcher=exact', '--poll_seconds=1']
+  # The builder reads the run: its machine settings alone.
+  assert args.refresh_args == ['--searcher=exact', '--poll_seconds=1']
   args = launch_local.parse_args(['--model_dir=m', '--gin_file=a.gin',
                            '--refresh_gin_file=b.gin', '--searcher=scann'])
   assert args.refresh_args == ['--gin_file=b.gin', '--searcher=scann',

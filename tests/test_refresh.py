@@ -3,19 +3,21 @@
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 
+import gin
 import jax
 import numpy as np
 import pytest
 from etils import epath
 
-from realm_jax.data import corpus
-from realm_jax import errors, run_directory
+from realm_jax.data import corpus, example_arrays, open_qa
+from realm_jax import default_files, errors, run_directory
 from realm_jax.data.open_corpus import OpenCorpus
 from realm_jax.index import publication
 from realm_jax.index.client import IndexClient
@@ -25,8 +27,9 @@ from realm_jax.index.refresh import IndexBuilder, due_step
 from realm_jax.training.checkpoints import Checkpoints
 from realm_jax.training.train_state import TrainState
 from realm_jax.evaluation import qa_evaluation
-from tests.helpers import (TINY, BuilderStandIn, TrainerStandIn,
-                           flip_a_bit, largest_file, tiny_retriever, train_tiny)
+from tests.helpers import (RETRIEVAL, TINY, BuilderStandIn, TrainerStandIn,
+                           flip_a_bit, largest_file, run_cli, tiny_retriever,
+                           train_tiny, zebra_data)
 
 pytestmark = pytest.mark.integration
 
@@ -263,28 +266,30 @@ def test_scann_indexes_are_published_and_loaded(dirs):
 def test_end_to_end_finetuning_reads_the_builders_indexes(zebra):
   """The document tower trains (its own, the towers unshared), the builder
   beside the trainer re-embeds its checkpoints until it is done, and `eval`
-  scores with the index of the evaluated step."""
+  scores with the index of the evaluated step. The builder, started first,
+  is given the run alone: it waits for the trainer's record of it."""
   model_dir = str(zebra / 'finetune')
   model = [f for f in TINY if f.startswith(('--gin_file', '--gin.BertConfig',
                                             '--gin.build_realm'))]
   model += ['--gin.build_realm.share_towers=False']
   builder = subprocess.Popen(
       [sys.executable, '-m', 'realm_jax.main', 'refresh',
-       f'--model_dir={model_dir}', '--poll_seconds=0.2', *model,
-       '--gin.run_refresh.refresh_interval_steps=2'],
+       f'--model_dir={model_dir}', '--poll_seconds=0.2'],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
     train_tiny(model_dir, 'finetune', *model, "--gin.Finetune.bert_dir=''",
                '--gin.Finetune.query_length=16', '--gin.train.num_steps=6',
                '--gin.train.checkpoint_every=2',
                '--gin.train.keep_checkpoints=4',
-               '--gin.Finetune.train_document_tower=True')
+               '--gin.Finetune.train_document_tower=True',
+               '--gin.run_refresh.refresh_interval_steps=2')
     builder.wait(timeout=180)
   finally:
     builder.kill()
   log = builder.stdout.read()
   assert builder.returncode == 0, log
   assert 'published index step 6' in log and 'training done' in log, log
+  assert 'embedding a step every 2 steps' in log, log  # The trainer's.
   rows = [json.loads(line) for line in
           open(os.path.join(model_dir, 'train_metrics.jsonl'))]
   # Each step read an index of the run's own past (timing decides which).
@@ -393,3 +398,123 @@ def test_retriever_snapshots_between_checkpoints_are_embedded_alone(
     assert not resumed.save(_state(step, towers, reader), step,
                             {'batches': step})
   resumed.close()
+
+
+# The run's record (run.json): what the trainer was given, the builder reads.
+
+MODEL = [f for f in TINY if f.startswith(('--gin_file', '--gin.BertConfig',
+                                          '--gin.build_realm'))]
+CADENCE = ['--gin.run_refresh.refresh_interval_steps=2',
+           '--gin.run_refresh.stale_factor=3']
+
+
+@pytest.fixture(scope='module')
+def recorded(tmp_path_factory, small_corpus):
+  """A 2-step tiny pre-training run whose trainer was given the builder's
+  cadence, a block cut of 32 and $REALM_DATA_DIR; tests take copies."""
+  root = tmp_path_factory.mktemp('recorded')
+  model_dir = str(root / 'pretrain')
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv(corpus.CORPUS_ROOT_ENV, small_corpus)
+    patch.setenv(open_qa.DATA_DIR_ENV, str(root / 'data'))
+    for name in (default_files.VOCAB_ENV, example_arrays.ROOT_ENV):
+      patch.delenv(name, raising=False)
+    assert train_tiny(model_dir, 'pretrain', *RETRIEVAL, *CADENCE,
+                      '--gin.Pretrain.block_length=32',
+                      '--gin.train.num_steps=2') == 0
+  gin.clear_config()
+  return model_dir
+
+
+def _copy(model_dir, tmp_path, name='run') -> str:
+  return shutil.copytree(model_dir, str(tmp_path / name))
+
+
+def _index(model_dir) -> dict:
+  """{step: (embeddings, metadata)} of the run's published indexes."""
+  manager = publication.index_manager(run_directory.index_dir(model_dir),
+                                      read_only=True)
+  return {step: (publication.read_embeddings(manager, step),
+                 publication.read_metadata(manager, step))
+          for step in run_directory.reload(manager)}
+
+
+def test_the_trainer_records_its_corpus_block_cut_cadence_and_environment(
+    recorded, small_corpus):
+  corpus_dir = os.path.join(small_corpus, 'wiki_leads')
+  assert json.loads((epath.Path(recorded) / 'run.json').read_text()) == {
+      'kind': 'Pretrain',
+      'corpus': {'name': 'wiki_leads', 'dir': corpus_dir,
+                 'fingerprint': OpenCorpus(corpus_dir).fingerprint},
+      'block_length': 32,
+      'refresh': {'refresh_interval_steps': 2, 'stale_factor': 3},
+      'environment': {
+          corpus.CORPUS_ROOT_ENV: small_corpus,
+          open_qa.DATA_DIR_ENV: os.path.join(os.path.dirname(recorded),
+                                             'data')}}
+
+
+def test_a_builder_given_the_run_alone_publishes_what_a_configured_one_did(
+    recorded, small_corpus, tmp_path, capsys):
+  """`refresh --model_dir=RUN` reads the model from config.gin and the
+  corpus, block cut and cadence from run.json: the index it publishes is
+  the one the command that was given all of them publishes."""
+  alone, told = _copy(recorded, tmp_path, 'alone'), _copy(recorded, tmp_path,
+                                                          'told')
+  code, printed = run_cli(['refresh', f'--model_dir={alone}',
+                           '--poll_seconds=0.05'], capsys)
+  assert code == 0, printed
+  code, printed = run_cli([
+      'refresh', f'--model_dir={told}',
+      f'--corpus_dir={small_corpus}/wiki_leads', *MODEL, *CADENCE,
+      '--gin.run_refresh.block_length=32', '--poll_seconds=0.05'], capsys)
+  assert code == 0, printed
+  built, expected = _index(alone), _index(told)
+  assert sorted(built) == sorted(expected) == [0, 2]
+  embeddings, metadata = built[2]
+  np.testing.assert_array_equal(embeddings, expected[2][0])
+  assert metadata == expected[2][1] and metadata['block_length'] == 32
+
+
+def test_the_builder_refuses_what_disagrees_with_the_run_in_one_line(
+    recorded, tmp_path, tokenizer, capsys):
+  """Another corpus (its fingerprint), or a cadence bound for the builder
+  other than the trainer's, is refused before anything is embedded."""
+  model_dir = _copy(recorded, tmp_path)
+  zebra_data(tmp_path, tokenizer)  # Another corpus of the same name.
+  other = str(tmp_path / 'corpora' / 'wiki_leads')
+  record = json.loads((epath.Path(model_dir) / 'run.json').read_text())
+  code, printed = run_cli(['refresh', f'--model_dir={model_dir}',
+                           f'--corpus_dir={other}', *MODEL], capsys)
+  assert code == 2 and 'Traceback' not in printed, printed
+  [line] = [line for line in printed.splitlines()
+            if line.startswith('realm-jax refresh: ')]
+  for named in (other, OpenCorpus(other).fingerprint[:16],
+                record['corpus']['dir'], record['corpus']['fingerprint'][:16]):
+    assert named in line, printed
+  code, printed = run_cli(['refresh', f'--model_dir={model_dir}',
+                           '--gin.run_refresh.refresh_interval_steps=5'],
+                          capsys)
+  assert code == 2, printed
+  assert ('run_refresh.refresh_interval_steps=5 is bound for the builder, '
+          f'but {model_dir}/run.json says the run was trained with 2'
+          in printed), printed
+  assert _index(model_dir).keys() == {0}
+
+
+def test_a_run_without_a_record_needs_the_builders_settings(
+    recorded, small_corpus, tmp_path, capsys):
+  """A run trained before runs recorded their settings: the builder given
+  the run alone says what to give it; given them, it builds as before."""
+  model_dir = _copy(recorded, tmp_path)
+  os.remove(os.path.join(model_dir, 'run.json'))
+  code, printed = run_cli(['refresh', f'--model_dir={model_dir}'], capsys)
+  assert code == 2, printed
+  assert (f'{model_dir} has no run.json: its trainer ran before runs recorded'
+          in printed and '--corpus_dir' in printed), printed
+  code, printed = run_cli([
+      'refresh', f'--model_dir={model_dir}',
+      f'--corpus_dir={small_corpus}/wiki_leads', *MODEL,
+      '--gin.run_refresh.block_length=32', '--poll_seconds=0.05'], capsys)
+  assert code == 0, printed
+  assert _index(model_dir)[2][1]['block_length'] == 32

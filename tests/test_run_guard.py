@@ -107,17 +107,15 @@ def test_a_second_trainer_is_refused_until_the_first_is_killed(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_second_index_builder_is_refused_in_one_line(tmp_path,
-                                                       small_corpus):
+def test_a_second_index_builder_is_refused_in_one_line(tmp_path):
   """`realm-jax refresh` on a run whose builder is running stops at
-  once, exit code 2, naming the first; the trainer's lock is another."""
+  once, before it waits for the run, exit code 2, naming the first; the
+  trainer's lock is another."""
   model_dir = str(tmp_path / 'run')
   with _held_elsewhere(model_dir, 'BuilderLock') as holder:
     second = subprocess.run(
         [sys.executable, '-m', 'realm_jax.main', 'refresh',
-         f'--model_dir={model_dir}',
-         f'--corpus_dir={os.path.join(small_corpus, "wiki_leads")}',
-         '--gin_file=gin/models/tiny.gin'],
+         f'--model_dir={model_dir}'],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert second.returncode == 2, second.stderr
     assert (f'{model_dir} has an index builder: pid {holder.pid} on host '

@@ -21,6 +21,10 @@ def add_parser(command, flags) -> None:
 
 
 def run(args) -> None:
+  from realm_jax.index import refresh  # pylint: disable=g-import-not-at-top
   from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top
+  # Imported for gin alone: the index builder's cadence (run_refresh's) is
+  # bound for the trainer, which records it in run.json for the builder.
+  del refresh
   common.parse_gin(args)
   run_loader.train(args.model_dir)

@@ -32,8 +32,9 @@ class Stage:
     args: the kind's arguments: `run_dir`, the run directory it writes or
       reads (default `name`); for 'train', `run` (gin/runs/<run>.gin),
       `bindings` (gin parameter -> value, `Dir` for another stage's run)
-      and `builder` (the index builder's bindings, beside the trainer; None:
-      no builder).
+      and `builder` (the index builder's cadence, run_refresh's bindings:
+      given to the trainer, which records them for the builder beside it;
+      None: no builder).
     result: where the results keep its record ('a/b' nests; default
       `name`; '' keeps none).
     needs_qa: skipped without the Open-QA benchmarks (recall, QA).

@@ -95,14 +95,15 @@ class Context:
 
 def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
           builder: dict | None = None, poll_seconds: float = 1,
-          refresh_timeout: float = 600, corpus_dir: str | None = None
-          ) -> dict:
+          refresh_timeout: float = 600) -> dict:
   """`realm-jax train` of gin/runs/<run>.gin with the preset's gin files
   and `bindings` (the run's seed and its share of the budget added); with
-  `builder` (the index builder's own bindings, which the trainer reads
-  too), the builder beside it as a process of its own
-  (`launch_local`). Returns the step it reached and its step time, and
-  with a builder how stale the indexes it read were. `run_dir`: under the
+  `builder` (the index builder's cadence, run_refresh's bindings), the
+  builder beside it as a process of its own (`launch_local`), given the run
+  directory and `poll_seconds` alone: the trainer is given the cadence and
+  records it with its corpus and block length (run.json), where the builder
+  reads them. Returns the step it reached and its step time, and with a
+  builder how stale the indexes it read were. `run_dir`: under the
   work_dir (default: the stage's name). Beside other stages
   (`ctx.background`) the trainer is a process of its own too, its output
   in the run's train.log."""
@@ -135,11 +136,7 @@ def train(ctx: Context, run: str, bindings: dict, run_dir: str | None = None,
     return reached(model_dir)
   launch_local.run(
       model_dir, train_args=train_args,
-      refresh_args=[f'--gin_file={ctx.preset.setup}',
-                    f'--poll_seconds={poll_seconds}',
-                    *([f'--corpus_dir={corpus_dir}'] if corpus_dir else []),
-                    *(f'--gin_bindings={line}' for line in
-                      preset_lib.gin_bindings(builder, ctx.work_dir))],
+      refresh_args=[f'--poll_seconds={poll_seconds}'],
       refresh_timeout=refresh_timeout, train_log=ctx.background,
       train_env=share((ctx.memory or 0) - BUILDER_MEMORY),
       refresh_env=share(BUILDER_MEMORY), cancel=ctx.cancel,

@@ -220,8 +220,7 @@ def realm(ctx: runner.Context, run_dir: str, bindings: dict,
         * builder['run_refresh.stale_factor'])}
   return runner.train(
       ctx, 'pretrain', bindings, run_dir, builder, poll_seconds=0.5,
-      refresh_timeout=300,
-      corpus_dir=corpus.corpus_dir(CORPUS) if builder else None)
+      refresh_timeout=300)
 
 
 # The world's stages besides 'machine' and 'train' (`presets/_world.py`
