@@ -14,7 +14,7 @@ import pytest
 from realm_jax import errors, main, run_directory
 from realm_jax.data import block_store, corpus, wordpiece
 from realm_jax.evaluation import masked_lm, prediction
-from realm_jax.export import hf_tensors, tokenizer_json, writer
+from realm_jax.export import card, hf_tensors, tokenizer_json, writer
 from realm_jax.index import publication
 from realm_jax.models import bert, candidates
 from realm_jax.models.bert import BertConfig
@@ -338,3 +338,15 @@ def test_the_demo_runs_export_as_realm_jax_retrieves(tmp_path, monkeypatch):
           f'questions, {compared:,} of {20 * len(texts):,} ranks compared '
           f'(the rest ties); {store.num_blocks:,} blocks within {worst:.1e}')
     assert worst <= 1e-4
+
+
+@pytest.mark.unit
+def test_the_card_gives_the_settings_of_the_config_and_the_builders_cadence():
+  """The builder's cadence is the run's record's: the trainer's operative
+  config never holds it."""
+  config = 'train.num_steps = 100\nPretrain.masking = \'salient\'\n'
+  record = {'refresh': {'refresh_interval_steps': 10, 'stale_factor': None}}
+  assert card.settings(config, record) == [
+      ('train.num_steps', '100'), ('Pretrain.masking', "'salient'"),
+      ('run_refresh.refresh_interval_steps', '10')]
+  assert card.settings(config, None) == card.settings(config, {})[:2]

@@ -1,5 +1,7 @@
 """`realm-jax refresh`: the index builder."""
 
+import functools
+
 from realm_jax import errors
 from realm_jax.cli import common
 
@@ -35,7 +37,6 @@ def add_parser(command, flags) -> None:
 
 
 def run(args) -> None:
-  import functools  # pylint: disable=g-import-not-at-top
   from etils import epath  # pylint: disable=g-import-not-at-top
   from realm_jax.index import refresh  # pylint: disable=g-import-not-at-top
   from realm_jax.training import run_loader  # pylint: disable=g-import-not-at-top

@@ -7,6 +7,8 @@ import re
 
 from etils import epath
 
+from realm_jax import run_directory
+
 # What the run's gin config says about how it was trained.
 SETTINGS = ('train.num_steps', 'train.batch_size', 'bert_adamw.learning_rate',
             'Pretrain.num_candidates', 'Finetune.num_candidates',
@@ -14,7 +16,10 @@ SETTINGS = ('train.num_steps', 'train.batch_size', 'bert_adamw.learning_rate',
             'Pretrain.ict_model_dir', 'Finetune.pretrain_model_dir',
             'BertConfig.num_layers', 'BertConfig.hidden_size',
             'build_realm.projection_size', 'build_realm.reader_length',
-            'Pretrain.masking', 'run_refresh.stale_factor')
+            'Pretrain.masking')
+# The index builder's cadence, from the run's record (run_directory.RECORD):
+# the trainer's operative config never holds the builder's settings.
+CADENCE = ('refresh_interval_steps', 'stale_factor')
 KINDS = {'Ict': 'the Inverse Cloze Task retriever (ORQA), REALM\'s warm start',
          'Pretrain': 'REALM pre-training: a retriever and a masked-LM reader '
                      'trained together through retrieval',
@@ -28,6 +33,15 @@ LICENSES = {'minilm': 'all-MiniLM-L6-v2: Apache-2.0',
 def _setting(config: str, name: str) -> str | None:
   match = re.search(rf'^{re.escape(name)} = (.+)$', config, re.MULTILINE)
   return match.group(1).strip() if match else None
+
+
+def settings(config: str, record: dict | None) -> list[tuple[str, str]]:
+  """(name, value) of each training setting the run's operative `config`
+  or its `record` gives."""
+  found = [(name, _setting(config, name)) for name in SETTINGS]
+  cadence = (record or {}).get('refresh') or {}
+  found += [(f'run_refresh.{name}', cadence.get(name)) for name in CADENCE]
+  return [(name, str(value)) for name, value in found if value is not None]
 
 
 def _evaluations(model_dir: str) -> list[str]:
@@ -57,11 +71,11 @@ def model_card(manifest: dict, loaded, scale: float) -> str:
   """README.md of the export `manifest` describes, for `loaded`'s run;
   `scale`: what each projection is stored multiplied by."""
   run, corpus = manifest['run'], manifest['corpus']
-  settings = [(name, _setting(loaded.config, name)) for name in SETTINGS]
-  settings = [(name, value) for name, value in settings if value]
+  trained = settings(loaded.config, run_directory.read_record(
+      run['model_dir']))
   towers = run['towers']
   eps = towers['config']['layer_norm_eps']
-  started = [value for name, value in settings if name.endswith(
+  started = [value for name, value in trained if name.endswith(
       ('bert_dir', 'model_dir'))]
   parts = manifest['parts']
   lines = [
@@ -129,7 +143,7 @@ def model_card(manifest: dict, loaded, scale: float) -> str:
       f'fingerprint `{corpus["fingerprint"]}`'
       + (f', from {", ".join(map(str, corpus["sources"]))}'
          if corpus['sources'] else ''),
-      *(f'- `{name}` = {value}' for name, value in settings), '',
+      *(f'- `{name}` = {value}' for name, value in trained), '',
       '## Evaluation', '', *_evaluations(run['model_dir']), '',
       '## Licenses', '', 'Of the weights and data the run started from:',
       *_licenses([*started, corpus['name'], *map(str, corpus['sources'])]),
