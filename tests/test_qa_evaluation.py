@@ -79,11 +79,11 @@ def test_eval_gives_the_known_exact_match_and_recall(zebra):
         qa_evaluation.read_predictions(out, task))
   # A benchmark's train split (NQ's dev topics, where levers are chosen)
   # read from the data directory: here the test questions again.
-  for benchmark, found in (('nq_open', nq), ('curated_trec', trec)):
+  for benchmark, found, batch_size in (('nq_open', nq, 3),
+                                       ('curated_trec', trec, 32)):
     split = qa_evaluation.QASplit(benchmark, 'train')
     assert qa_evaluation.evaluate(predictor, split, f'{out}/split',
-                                  batch_size=3) == {**found,
-                                                    'task': split.task}
+                                  batch_size) == {**found, 'task': split.task}
     assert qa_evaluation.read_predictions(f'{out}/split', split.task) == (
         qa_evaluation.read_predictions(out, benchmark))
   # The command line: its own predictor (the trained reader), the same
