@@ -216,9 +216,9 @@ def draw_holders(articles: np.ndarray, tokens_of, block_ids, targets,
                  fallback=None) -> np.ndarray:
   """[B] a block of each query's article, its own block excepted, that
   holds the query's masked span verbatim, drawn uniformly among those that
-  do; where none does, `fallback`'s block ([B]), or the query's own (where
-  the span sits unmasked): a reader warmed on those finds its span in
-  every block it reads.
+  do; where none does, `fallback`'s block ([B]), or else the query's own
+  (where the span sits unmasked): without a fallback, a reader warmed on
+  these finds its span in every block it reads.
   `articles`: each block's article (`BlockStore.articles`); `tokens_of`:
   [B, k] block ids (`none` for no block) -> [B, k, L] wordpieces."""
   ids = np.asarray(block_ids)
